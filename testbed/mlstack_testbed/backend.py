@@ -1,0 +1,256 @@
+"""The PVE API of the testbed: fakepve's FakePve, with every container mirrored onto a real LXC container.
+
+fakepve keeps PVE's schema, rules and wording; this subclass adds the real side:
+- create / start / stop / shutdown / reboot / destroy tasks do the same to the real container of that
+  vmid (the blocking work runs in a worker thread; a real failure fails the task as PVE words it);
+- config PUT and create refuse a devN path that is not a device node on the host (PVE's check, which
+  fakepve lacks), and rewrite the real LXC config;
+- status and lists read the real state (real state wins whenever no task holds the container);
+- the containers' API state is saved to the state dir after each change and reloaded at start.
+"""
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from fakepve.lxc import FakeCt
+from fakepve.model import PveError, TaskError
+from fakepve.server import FakePve
+
+from . import lxcconf, paths, realct
+
+log = logging.getLogger("mlstack_testbed.backend")
+
+Body = Callable[[], Awaitable[Any]]
+TEMPLATE_SUFFIXES = (".tar.zst", ".tar.gz", ".tar.xz")
+FORMATS = {".tar.zst": "tzst", ".tar.gz": "tgz", ".tar.xz": "txz"}
+
+
+class TestbedPve(FakePve):
+    """FakePve on node 'testbed' whose containers are real."""
+
+    def __init__(self, password: str, host: str = paths.API_HOST, port: int = paths.API_PORT,
+                 state_file: Path = paths.API_STATE) -> None:
+        super().__init__(user=paths.API_USER, password=password, host=host, port=port)
+        self.nodes = {paths.NODE: {"online": True}}
+        # Tasks run in the background as on PVE; PVE seconds are real seconds (no delays are configured).
+        self.time_scale = 1.0
+        # One dir storage, as a PVE installed on ext4 without LVM has it.
+        self.storages = {paths.STORAGE: {"type": "dir", "active": 1, "content": "iso,vztmpl,backup,rootdir,images",
+                                         "files": set(), "volumes": {}, "path": str(paths.LOCAL_STORAGE),
+                                         "avail": 50 * 1024**3}}
+        self.state_file = state_file
+        self._create_templates: dict[int, str] = {}
+        self._shutdown_args: dict[int, tuple[int, bool]] = {}
+        self.refresh_templates()
+
+    # ------------------------------------------------------------------ storage
+
+    def refresh_templates(self) -> None:
+        """List the OS templates in the local storage's template/cache as vztmpl volumes."""
+        store = self.storages[paths.STORAGE]
+        vols = {k: v for k, v in store["volumes"].items() if not k.startswith("vztmpl/")}
+        cache = paths.LOCAL_STORAGE / "template" / "cache"
+        for f in sorted(cache.glob("*.tar.*")) if cache.is_dir() else []:
+            suffix = next((s for s in TEMPLATE_SUFFIXES if f.name.endswith(s)), None)
+            if suffix:
+                st = f.stat()
+                vols[f"vztmpl/{f.name}"] = {"content": "vztmpl", "format": FORMATS[suffix], "size": st.st_size,
+                                            "ctime": int(st.st_mtime)}
+        store["volumes"] = vols
+
+    def template_file(self, volid: str) -> Path:
+        sid, _, volname = volid.partition(":")
+        if sid != paths.STORAGE or not volname.startswith("vztmpl/"):
+            raise realct.RealCtError(f"unable to use volume {volid} - not an OS template on storage '{paths.STORAGE}'")
+        return paths.LOCAL_STORAGE / "template" / "cache" / volname.split("/", 1)[1]
+
+    # ---------------------------------------------------------------- checks
+
+    @staticmethod
+    def _check_devices(values: dict[str, Any]) -> None:
+        """PVE checks each devN at config time: a valid /dev path that is a device node on the host."""
+        for key, value in values.items():
+            if lxcconf.DEV_KEY.match(key):
+                try:
+                    lxcconf.check_device(lxcconf.parse_dev(key, str(value)).path)
+                except lxcconf.PveConfigError as e:
+                    raise PveError(500, str(e)) from None
+
+    def _check_vmid_unused(self, vmid: int) -> None:
+        super()._check_vmid_unused(vmid)
+        if realct.ct_dir(vmid).exists():
+            # A real container nobody registered: the id is taken on this node.
+            raise PveError(500, f"CT {vmid} already exists on node '{paths.NODE}'")
+
+    # ----------------------------------------------------------- API handlers
+
+    def _lxc_handler(self, fn: Callable[..., Awaitable[Any]]) -> Any:
+        async def saving(user: str, v: dict[str, Any]) -> Any:
+            try:
+                return await fn(user, v)
+            finally:
+                self.save()
+        return super()._lxc_handler(saving)
+
+    async def _lxc_create(self, user: str, v: dict[str, Any]) -> Any:
+        self._check_devices(v)
+        self.refresh_templates()
+        self._create_templates[int(v["vmid"])] = str(v.get("ostemplate", ""))
+        return await super()._lxc_create(user, v)
+
+    async def _update_config(self, ct: FakeCt, user: str, values: dict[str, Any], deletes: list[str],
+                             reverts: list[str]) -> None:
+        self._check_devices(values)
+        await super()._update_config(ct, user, values, deletes, reverts)
+        if realct.exists(ct.vmid) and ct.status != "running":
+            try:
+                await asyncio.to_thread(realct.write_config, ct.vmid, dict(ct.config))
+            except lxcconf.PveConfigError as e:
+                # PVE finds these at start, as here; the config stays as written.
+                log.info("CT %s: real config not rewritten yet: %s", ct.vmid, e)
+
+    # ---------------------------------------------------------------- tasks
+
+    async def task(self, node: str, ttype: str, tid: Any, user: str, body: Body, vm: Any = None,
+                   lock: bool = True, log: Any = ()) -> str:
+        hook = {"vzcreate": self._real_create, "vzstart": self._real_start, "vzstop": self._real_stop,
+                "vzshutdown": self._real_shutdown, "vzreboot": self._real_reboot,
+                "vzdestroy": self._real_destroy}.get(ttype)
+        if hook is None or not isinstance(vm, FakeCt):
+            return await super().task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)
+        record: dict[str, Any] = {}
+
+        async def real() -> Any:
+            try:
+                return await hook(vm, body, record.get("log", []))
+            finally:
+                self.save()
+        upid = await super().task(node, ttype, tid, user, real, vm=vm, lock=lock, log=log)
+        record["log"] = self.tasks[upid]["log"]
+        return upid
+
+    async def _real_create(self, ct: FakeCt, body: Body, tasklog: list[str]) -> Any:
+        ostemplate = self._create_templates.pop(ct.vmid, "")
+        note = await body()
+        start = ct.status == "running"
+        try:
+            tarball = self.template_file(ostemplate)
+            unpriv = bool(ct.config.get("unprivileged"))
+            tasklog.append(f"extracting archive '{tarball}'")
+            await asyncio.to_thread(realct.create_from_template, ct.vmid, tarball, unpriv)
+            await asyncio.to_thread(realct.write_config, ct.vmid, dict(ct.config))
+            if start:
+                await asyncio.to_thread(realct.start, ct.vmid, dict(ct.config))
+        except (realct.RealCtError, lxcconf.PveConfigError, OSError) as e:
+            self._drop(ct)
+            await asyncio.to_thread(realct.destroy, ct.vmid)
+            raise TaskError(f"unable to create CT {ct.vmid} - {e}") from e
+        return note
+
+    async def _real_start(self, ct: FakeCt, body: Body, tasklog: list[str]) -> Any:
+        note = await body()
+        try:
+            if not realct.exists(ct.vmid):
+                raise realct.RealCtError(f"no real container {ct.vmid} in {paths.LXC_PATH}")
+            await asyncio.to_thread(realct.start, ct.vmid, dict(ct.config))
+        except (realct.RealCtError, lxcconf.PveConfigError, OSError) as e:
+            ct.status, ct.pid = "stopped", None
+            tasklog.append(str(e))
+            raise TaskError(f"startup for container '{ct.vmid}' failed") from e
+        self._reconcile(ct)
+        return note
+
+    async def _real_stop(self, ct: FakeCt, body: Body, tasklog: list[str]) -> Any:
+        note = await body()
+        await self._stop_real(ct, None)
+        return note
+
+    async def _real_shutdown(self, ct: FakeCt, body: Body, tasklog: list[str]) -> Any:
+        # PVE: lxc-stop with the timeout; forceStop kills after it, else the task fails.
+        timeout, force = self._shutdown_args.pop(ct.vmid, (self.shutdown_default_timeout, False))
+        try:
+            await asyncio.to_thread(realct.stop, ct.vmid, timeout, force)
+        except realct.RealCtError as e:
+            raise TaskError(str(e)) from e
+        return await body()
+
+    async def _real_reboot(self, ct: FakeCt, body: Body, tasklog: list[str]) -> Any:
+        await self._stop_real(ct, self.shutdown_default_timeout)
+        return await self._real_start(ct, body, tasklog)
+
+    async def _real_destroy(self, ct: FakeCt, body: Body, tasklog: list[str]) -> Any:
+        note = await body()
+        try:
+            await asyncio.to_thread(realct.destroy, ct.vmid)
+        except realct.RealCtError as e:
+            raise TaskError(str(e)) from e
+        return note
+
+    async def _stop_real(self, ct: FakeCt, timeout: int | None) -> None:
+        try:
+            await asyncio.to_thread(realct.stop, ct.vmid, timeout, True)
+        except realct.RealCtError as e:
+            raise TaskError(str(e)) from e
+
+    async def _lxc_shutdown(self, user: str, v: dict[str, Any]) -> Any:
+        vmid = int(v["vmid"])
+        timeout = v["timeout"] if v.get("timeout") is not None else self.shutdown_default_timeout
+        self._shutdown_args[vmid] = (int(timeout), bool(v.get("forceStop")))
+        return await super()._lxc_shutdown(user, v)
+
+    # --------------------------------------------------------------- status
+
+    def _reconcile(self, ct: FakeCt) -> None:
+        """Real state wins while no task holds the container."""
+        if ct.lock_holder is not None or ct.lock:
+            return
+        status, pid = realct.state(ct.vmid)
+        if status == "running":
+            ct.status, ct.pid = "running", pid
+        else:
+            ct.status, ct.pid = "stopped", None
+
+    def _status(self, ct: FakeCt) -> dict[str, Any]:
+        self._reconcile(ct)
+        return super()._status(ct)
+
+    def ct_resources(self, user: str, kind: str | None = None) -> list[dict[str, Any]]:
+        for ct in self.cts:
+            self._reconcile(ct)
+        return super().ct_resources(user, kind)
+
+    # ---------------------------------------------------------- persistence
+
+    def save(self) -> None:
+        data = {"version": 1, "node": paths.NODE,
+                "cts": [{"vmid": ct.vmid, "config": ct.config, "pending": ct.pending, "status": ct.status}
+                        for ct in self.cts if ct.lock != "create"]}
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        os.chmod(tmp, 0o600)
+        tmp.replace(self.state_file)
+
+    def load(self) -> list[str]:
+        """Reload the saved containers; those whose real container is gone are dropped (real state wins)."""
+        notes: list[str] = []
+        if not self.state_file.is_file():
+            return notes
+        data = json.loads(self.state_file.read_text())
+        for item in data.get("cts", []):
+            vmid = int(item["vmid"])
+            status, pid = realct.state(vmid)
+            if status == "missing":
+                notes.append(f"CT {vmid}: no real container any more; dropped from the API")
+                continue
+            ct = self.add_ct(vmid, node=paths.NODE, status="stopped", config=item.get("config") or {},
+                             pending=item.get("pending") or {}, defaults=False)
+            ct.config.pop("lock", None)
+            ct.status, ct.pid = status, pid
+            if status == "running":
+                ct.started_at = os.stat(f"/proc/{pid}").st_mtime if pid and Path(f"/proc/{pid}").exists() else None
+        return notes

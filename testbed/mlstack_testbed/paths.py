@@ -1,0 +1,71 @@
+"""Where the testbed keeps its state, and the names the rest of the project relies on."""
+
+import os
+from pathlib import Path
+
+STATE_DIR = Path(os.environ.get("MLSTACK_TESTBED_STATE", "/var/lib/mlstack-testbed"))
+TESTBED_JSON = STATE_DIR / "testbed.json"
+RUN_DIR = STATE_DIR / "run"
+LOG_DIR = STATE_DIR / "log"
+SECRETS_DIR = STATE_DIR / "secrets"
+TLS_DIR = STATE_DIR / "tls"
+SSH_DIR = STATE_DIR / "ssh"
+SBIN_DIR = STATE_DIR / "sbin"
+API_STATE = STATE_DIR / "api-state.json"
+GPU_NODES_FILE = STATE_DIR / "gpu-nodes.json"
+# The storage 'local' (type dir) lives here, as /var/lib/vz does on PVE.
+LOCAL_STORAGE = STATE_DIR / "storage" / "local"
+TEMPLATE_CACHE = LOCAL_STORAGE / "template" / "cache"
+
+API_HOST = "127.0.0.1"
+API_PORT = 8006
+API_USER = "root@pam"
+NODE = "testbed"
+SSH_HOST = "127.0.0.1"
+SSH_PORT = 2222
+SSH_USER = "root"
+STORAGE = "local"
+BRIDGE = "vmbr0"
+HOST_BRIDGE = "lxcbr0"
+TEMPLATE_NAME = "debian-12-testbed_amd64.tar.zst"
+TEMPLATE_VOLID = f"{STORAGE}:vztmpl/{TEMPLATE_NAME}"
+TEMPLATE_SUITE = "bookworm"
+
+LXC_PATH = Path("/var/lib/lxc")
+# Unprivileged containers: PVE's default map.
+IDMAP_BASE = 100000
+IDMAP_SIZE = 65536
+
+API_PASSWORD_FILE = SECRETS_DIR / "api-password"
+API_CERT = TLS_DIR / "api.crt"
+API_KEY = TLS_DIR / "api.key"
+SSH_HOST_KEY = SSH_DIR / "ssh_host_ed25519_key"
+SSH_CLIENT_KEY = SSH_DIR / "id_ed25519"
+SSH_AUTHORIZED_KEYS = SSH_DIR / "authorized_keys"
+SSH_KNOWN_HOSTS = SSH_DIR / "known_hosts"
+SSHD_CONFIG = SSH_DIR / "sshd_config"
+API_PIDFILE = RUN_DIR / "api.pid"
+SSHD_PIDFILE = RUN_DIR / "sshd.pid"
+LXC_NET_MARKER = RUN_DIR / "lxc-net.started"
+# A line for [127.0.0.1]:2222 placed in the system known_hosts file so Ansible and paramiko verify it.
+SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
+
+TESTBED_DIR = Path(__file__).resolve().parent.parent
+REPO_DIR = TESTBED_DIR.parent
+
+
+def venv_python() -> str:
+    """The controller venv's interpreter: $MLSTACK_VENV/bin/python, else the repo's .venv."""
+    venv = os.environ.get("MLSTACK_VENV")
+    if venv:
+        return str(Path(venv) / "bin" / "python")
+    return str(REPO_DIR / ".venv" / "bin" / "python")
+
+
+def ensure_dirs() -> None:
+    for d in (STATE_DIR, RUN_DIR, LOG_DIR, TLS_DIR, SBIN_DIR, TEMPLATE_CACHE):
+        d.mkdir(parents=True, exist_ok=True)
+    for d in (SECRETS_DIR, SSH_DIR):
+        d.mkdir(parents=True, exist_ok=True)
+        d.chmod(0o700)
+    STATE_DIR.chmod(0o755)

@@ -1,0 +1,3 @@
+from mlstack_doctor.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""mlstack-doctor: prove the GPU ML stack works, or name the root cause and the one-line fix."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from mlstack_doctor import __version__, engine, profile, render
+from mlstack_doctor.context import Context, Options
+from mlstack_doctor.engine import Probe
+from mlstack_doctor.record import Result, Status
+
+EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 1, 2
+
+EPILOG = """\
+exit codes:
+  0  every probe passed (warnings allowed)
+  1  a probe failed: the report names the root cause (summary.root_cause) and its fix
+  2  the doctor itself could not run (bad arguments, unreadable --profile, internal error)
+
+tiers:
+  quick   host, toolchain, packages, torch CUDA, Triton target, FLA device/kernel, GDN backward,
+          model config (no model is run)
+  full    quick + a model forward on the GPU (random init from config, or real weights)
+  stress  full + N threads forwarding at once on a cold Triton cache (autotuner race)
+
+--model: tiny | 27b (shipped Qwen3.5 configs) | a config.json | a directory with config.json
+(+ *.safetensors: real weights are loaded with device_map).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mlstack-doctor", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--tier", choices=engine.TIERS, default="quick")
+    p.add_argument("--model", default=None, help="tiny | 27b | PATH (default: tiny)")
+    gpu = p.add_mutually_exclusive_group()
+    gpu.add_argument("--expect-gpu", dest="expect_gpu", action="store_true", default=True,
+                     help="a GPU must be usable (default)")
+    gpu.add_argument("--no-gpu", dest="expect_gpu", action="store_false",
+                     help="CPU-only host: GPU probes skip, the toolchain and packages are still checked")
+    p.add_argument("--profile", default="default",
+                   help="expected versions: 'default' or a uv.lock / a directory holding one")
+    p.add_argument("--json", action="store_true", help="print the JSON report on stdout (no table)")
+    p.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")
+    p.add_argument("--threads", type=int, default=4, help="stress tier: threads over the GPUs (default 4)")
+    p.add_argument("--tokens", type=int, default=2048, help="full tier: tokens in the timed forward (default 2048)")
+    p.add_argument("--no-peak", dest="measure_peak", action="store_false", help="skip the bf16 matmul peak measurement")
+    p.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every probe timeout")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--version", action="version", version=f"mlstack-doctor {__version__}")
+    return p
+
+
+def _progress(quiet: bool):
+    def show(i: int, n: int, probe: Probe) -> None:
+        if not quiet:
+            hint = " (slow: JIT/autotune)" if probe.slow else ""
+            sys.stderr.write(f"[{i + 1}/{n}] {probe.stage.value}: {probe.name}...{hint}\n")
+            sys.stderr.flush()
+
+    return show
+
+
+def _done(quiet: bool):
+    def show(r: Result) -> None:
+        if not quiet and r.status is not Status.SKIP:
+            sys.stderr.write(f"      {r.status.value}: {r.summary[:160]}\n")
+            sys.stderr.flush()
+
+    return show
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        prof = profile.load(args.profile)
+    except profile.ProfileError as exc:
+        sys.stderr.write(f"mlstack-doctor: cannot run: {exc}\n")
+        return EXIT_CANNOT_RUN
+    if args.threads < 1 or args.tokens < 1:
+        sys.stderr.write("mlstack-doctor: cannot run: --threads and --tokens must be >= 1\n")
+        return EXIT_CANNOT_RUN
+    opts = Options(
+        tier=args.tier, expect_gpu=args.expect_gpu, model=args.model, profile=prof, threads=args.threads,
+        tokens=args.tokens, timeout_scale=args.timeout_scale, measure_peak=args.measure_peak,
+    )
+    ctx = Context(opts)
+    started = render.now()
+    try:
+        results = engine.run(ctx, _progress(args.quiet), _done(args.quiet))
+    except Exception:  # noqa: BLE001 - the doctor's own bug: exit 2, never a false verdict
+        sys.stderr.write("mlstack-doctor: internal error, cannot run:\n" + traceback.format_exc())
+        return EXIT_CANNOT_RUN
+    summary = engine.summarize(results)
+    options = {"tier": args.tier, "expect_gpu": args.expect_gpu, "model": args.model, "profile": args.profile,
+               "threads": args.threads, "tokens": args.tokens,
+               "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR")}
+    doc = render.report(args.tier, options, started, results, summary)
+    if args.output:
+        try:
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            with open(args.output, "w", encoding="utf-8") as f:
+                render.write_json(doc, f)
+        except OSError as exc:
+            sys.stderr.write(f"mlstack-doctor: cannot write {args.output}: {exc}\n")
+            return EXIT_CANNOT_RUN
+    if args.json:
+        render.write_json(doc, sys.stdout)
+    else:
+        render.table(results, summary, sys.stdout)
+    return EXIT_OK if summary["ok"] else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

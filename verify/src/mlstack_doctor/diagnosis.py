@@ -1,0 +1,219 @@
+"""Diagnosis codes, their one-line fixes, and the ONE function that classifies error text.
+
+Codes are stable: the provisioning role fails a host with summary.root_cause.code, and the README
+lists each one. A fix is a single line a user can paste; `fix_for` fills in the interpreter version,
+the cache dir, etc. from what the probe saw.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Code:
+    meaning: str
+    fix: str
+
+
+CODES: dict[str, Code] = {
+    # host
+    "NVIDIA_NODE_MISSING": Code(
+        "no /dev/nvidia* device nodes: no GPU passed through, or the driver never created them",
+        "on the host: nvidia-smi && nvidia-modprobe -u -c=0; for an LXC container add devN entries: "
+        "pct set <vmid> --dev0 /dev/nvidia0,gid=44,mode=0666 (and nvidiactl, nvidia-uvm)",
+    ),
+    "NVIDIA_NO_DRIVER": Code(
+        "the device nodes exist but no kernel driver answers (open() gives ENXIO/ENODEV)",
+        "on the host: modprobe nvidia && nvidia-modprobe -u -c=0 (load the NVIDIA kernel module)",
+    ),
+    "NVIDIA_NODE_PERMISSION": Code(
+        "the device nodes exist but this user cannot open them",
+        "chmod 0666 /dev/nvidia* (or pct set <vmid> --devN path=...,mode=0666), or add the user to the group owning them",
+    ),
+    "NVIDIA_UVM_MISSING": Code(
+        "/dev/nvidia-uvm is missing: CUDA allocations will fail",
+        "on the host: nvidia-modprobe -u -c=0, then pass /dev/nvidia-uvm and /dev/nvidia-uvm-tools to the container",
+    ),
+    "NVML_UNAVAILABLE": Code(
+        "libnvidia-ml.so.1 could not be loaded or initialised: the driver's user-space libraries are missing",
+        "install the NVIDIA user-space driver libraries matching the host module {kernel_driver}",
+    ),
+    "LIBCUDA_NOT_FOUND": Code(
+        "libcuda.so.1 is not in the linker cache (ldconfig -p), so Triton cannot link its helper",
+        "ldconfig (after installing the driver libraries), or export TRITON_LIBCUDA_PATH=<dir holding libcuda.so.1>",
+    ),
+    "DRIVER_API_MISMATCH": Code(
+        "the user-space driver libraries differ from the kernel module (NVRM: API mismatch)",
+        "install user-space driver libraries of exactly version {kernel_driver} (the host module's) in this container",
+    ),
+    "CUDA_HIDDEN": Code(
+        "CUDA_VISIBLE_DEVICES is set but selects no GPU",
+        "unset CUDA_VISIBLE_DEVICES (or export CUDA_VISIBLE_DEVICES=0)",
+    ),
+    # toolchain
+    "NO_C_COMPILER": Code(
+        "no C compiler: Triton compiles a C helper on first use and finds neither $CC nor gcc nor clang",
+        "apt-get install -y gcc g++",
+    ),
+    "CC_INVALID": Code(
+        "$CC names a compiler that does not exist or cannot run",
+        "unset CC (Triton then uses gcc or clang), or export CC=/usr/bin/gcc",
+    ),
+    "C_COMPILER_BROKEN": Code(
+        "the C compiler exists but cannot build a Python extension (the way Triton builds its helper)",
+        "apt-get install -y build-essential",
+    ),
+    "NO_PYTHON_H": Code(
+        "Python.h is missing from the include dir of the interpreter Triton compiles against",
+        "apt-get install -y python{py_ver}-dev",
+    ),
+    "TRITON_CACHE_UNWRITABLE": Code(
+        "the Triton cache dir cannot be written: every kernel compile will fail",
+        "export TRITON_CACHE_DIR=$HOME/.cache/triton (or make {cache_dir} writable)",
+    ),
+    # packages
+    "PACKAGE_MISSING": Code(
+        "a package of the stack is not installed in this interpreter",
+        "{python} -m pip install '{package}' (or uv sync in the locked profile)",
+    ),
+    "VERSION_OFF_PROFILE": Code(
+        "installed versions differ from the profile",
+        "uv sync --frozen in the profile's project (or pip install {pins})",
+    ),
+    "TRITON_PIN_OVERRIDDEN": Code(
+        "the installed triton is not the one torch pins, and the profile does not declare that override",
+        "{python} -m pip install '{torch_pin}' (or declare the override in the profile's uv.lock)",
+    ),
+    "CAUSAL_CONV1D_MISSING": Code(
+        "causal-conv1d is missing: transformers falls back to a slower torch convolution (speed only)",
+        "{python} -m pip install causal-conv1d --no-build-isolation (optional)",
+    ),
+    # torch / triton
+    "TORCH_NO_CUDA": Code(
+        "torch is a CPU-only build",
+        "install a CUDA build of torch: uv pip install torch --index-url https://download.pytorch.org/whl/cu130",
+    ),
+    "CUDA_UNAVAILABLE": Code(
+        "torch cannot initialise CUDA (driver, device nodes or container passthrough)",
+        "nvidia-smi must work here first; check the device-node and driver probes above",
+    ),
+    "TRITON_NO_DRIVER": Code(
+        "Triton finds no active GPU driver (torch.cuda.is_available() is False in Triton's process)",
+        "make torch see the GPU first (nvidia-smi; CUDA_VISIBLE_DEVICES; device nodes)",
+    ),
+    "TRITON_TARGET_FAILED": Code(
+        "Triton could not determine its GPU target (see the exception in evidence)",
+        "read evidence.exception; then TRITON_CACHE_DIR=$(mktemp -d) {python} -c "
+        "'import triton; print(triton.runtime.driver.active.get_current_target())'",
+    ),
+    # FLA
+    "FLA_ON_CPU": Code(
+        "FLA decided its device is 'cpu' (it swallows Triton's real exception)",
+        "fix what Triton reports in evidence.triton_exception; FLA then picks the GPU",
+    ),
+    "FLA_KERNEL_FAILED": Code(
+        "an FLA Triton kernel failed to compile or run",
+        "read evidence.exception; retry with a fresh TRITON_CACHE_DIR to rule out a stale cache",
+    ),
+    "FLA_KERNEL_MISMATCH": Code(
+        "an FLA kernel gives a different answer from the plain torch reference",
+        "pin the FLA and Triton versions of the profile (uv sync --frozen); report upstream if it persists",
+    ),
+    "FLA_BACKWARD_NEEDS_TILELANG": Code(
+        "FLA refuses the Gated DeltaNet backward on Hopper with Triton >= 3.4 without tilelang (FLA #640): "
+        "inference works, training does not",
+        "{python} -m pip install 'flash-linear-attention[tilelang]' (or add tilelang to the profile)",
+    ),
+    "FLA_BACKWARD_MISMATCH": Code(
+        "the Gated DeltaNet backward gives gradients different from the torch reference",
+        "install tilelang ({python} -m pip install tilelang) or a triton/FLA pair known to be correct",
+    ),
+    # model
+    "MODEL_PATH_MISSING": Code("the --model path does not exist", "pass an existing directory or config.json, or --model tiny"),
+    "MODEL_CONFIG_CORRUPT": Code(
+        "config.json cannot be parsed or lacks required fields",
+        "re-download config.json of the model (huggingface-cli download <repo> config.json --local-dir {model_dir})",
+    ),
+    "MODEL_TYPE_UNKNOWN": Code(
+        "this transformers does not know the model type",
+        "{python} -m pip install -U 'transformers>=5.2' (the profile's version)",
+    ),
+    "MODEL_LOAD_FAILED": Code(
+        "the model could not be built or loaded on the GPU",
+        "read evidence.exception (weights incomplete? dtype? device_map?)",
+    ),
+    "GPU_MEMORY_TOO_SMALL": Code(
+        "the model does not fit in the GPU's free memory",
+        "use a GPU with more memory, free it (nvidia-smi), or run a smaller --model (e.g. tiny)",
+    ),
+    "GPU_OUT_OF_MEMORY": Code("CUDA ran out of memory", "free GPU memory (nvidia-smi) or use a smaller --model / --tokens"),
+    "NONFINITE_LOGITS": Code(
+        "the forward produced NaN or Inf logits",
+        "check the weights (re-download) and the kernels (run the fla_kernel probe alone)",
+    ),
+    "LOGITS_SHAPE_WRONG": Code("the logits have an unexpected shape", "check config.json (vocab_size) against the weights"),
+    # stress
+    "AUTOTUNER_RACE": Code(
+        "Triton's autotuner raced with several threads on a cold cache (triton-lang/triton#11494)",
+        "warm the cache with one thread first (mlstack-doctor --tier full --model <your config>) with the same "
+        "TRITON_CACHE_DIR, or serialise the first forward of each kernel",
+    ),
+    "STRESS_FAILED": Code("a concurrent forward failed", "read evidence.errors"),
+    # generic
+    "PROBE_TIMEOUT": Code("the probe did not finish in time", "rerun with --timeout-scale 3; a hung GPU needs nvidia-smi"),
+    "PROBE_CRASHED": Code(
+        "the probe's worker process died without an answer (segfault, killed)",
+        "read evidence.stderr_tail; dmesg may name the cause",
+    ),
+}
+
+# Ordered most specific first: the first match wins. Patterns match the original text, which the
+# probe keeps as evidence next to the code.
+_RULES: list[tuple[str, re.Pattern[str]]] = [
+    ("FLA_BACKWARD_NEEDS_TILELANG", re.compile(r"install tilelang|chunk_bwd_dqkwg \(see #640\)", re.I)),
+    ("NO_PYTHON_H", re.compile(r"Python\.h: No such file")),
+    ("NO_C_COMPILER", re.compile(r"Failed to find C compiler")),
+    ("DRIVER_API_MISMATCH", re.compile(r"API mismatch|driver/library version mismatch", re.I)),
+    ("LIBCUDA_NOT_FOUND", re.compile(r"libcuda\.so cannot found|cannot find -lcuda|libcuda\.so\.1: cannot open", re.I)),
+    ("AUTOTUNER_RACE", re.compile(r"'NoneType' object is not a mapping")),
+    ("GPU_OUT_OF_MEMORY", re.compile(r"CUDA out of memory|OutOfMemoryError")),
+    ("TRITON_CACHE_UNWRITABLE", re.compile(r"(Read-only file system|Permission denied|Not a directory).*(triton|cache)", re.I)),
+    ("TRITON_NO_DRIVER", re.compile(r"0 active drivers")),
+    ("CUDA_UNAVAILABLE", re.compile(
+        r"no CUDA-capable device|CUDA driver initialization failed|Found no NVIDIA driver|cudaErrorNoDevice|"
+        r"CUDA_ERROR_NO_DEVICE|Torch not compiled with CUDA", re.I)),
+    ("MODEL_TYPE_UNKNOWN", re.compile(r"Unrecognized model|does not recognize this architecture|model_type", re.I)),
+    ("PACKAGE_MISSING", re.compile(r"No module named '([\w.]+)'")),
+]
+
+
+def classify(text: str, default: str, *, compiler_env: bool = False) -> str:
+    """Name the root cause in `text` (an exception, a compiler's stderr), else `default`.
+
+    `compiler_env` says the text comes from running $CC: then a missing binary means CC_INVALID.
+    """
+    if compiler_env and re.search(r"No such file or directory: '[^']*'|\[Errno 2\]", text) and "Python.h" not in text:
+        return "CC_INVALID"
+    for code, pattern in _RULES:
+        if pattern.search(text):
+            return code
+    return default
+
+
+def missing_module(text: str) -> str | None:
+    m = re.search(r"No module named '([\w.]+)'", text)
+    return m.group(1).split(".")[0] if m else None
+
+
+class _Defaults(dict):
+    def __missing__(self, key: str) -> str:
+        return "<" + key + ">"
+
+
+def fix_for(code: str, **ctx: object) -> str:
+    """The one-line fix for `code`, with what the probe knows filled in."""
+    template = CODES[code].fix
+    return string.Formatter().vformat(template, (), _Defaults({k: str(v) for k, v in ctx.items()}))

@@ -1,0 +1,128 @@
+"""The probes in dependency order, their gating, and the run loop.
+
+A probe runs only if every prerequisite that ran in this tier passed or warned; otherwise it is
+`skip` with the reason and `skipped_by` naming the ROOT failure (the first failed probe in the
+chain), so summary.root_cause is always the first failure.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from mlstack_doctor.context import Context
+from mlstack_doctor.probes import gpu, host, model, packages, toolchain
+from mlstack_doctor.record import Result, Stage, Status, skipped
+
+TIERS = ("quick", "full", "stress")
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    stage: Stage
+    fn: Callable[[Context], Result]
+    requires: tuple[str, ...] = ()
+    needs_packages: tuple[str, ...] = ()  # distributions that must be installed (package_versions says so)
+    gpu: bool = False
+    min_tier: str = "quick"
+    slow: bool = False
+
+
+PROBES: tuple[Probe, ...] = (
+    Probe("nvidia_device_nodes", Stage.HOST, host.device_nodes),
+    Probe("nvidia_driver", Stage.HOST, host.driver, ("nvidia_device_nodes",), gpu=True),
+    Probe("cuda_visible_devices", Stage.HOST, host.cuda_visible_devices, gpu=True),
+    Probe("c_compiler", Stage.TOOLCHAIN, toolchain.c_compiler),
+    Probe("python_headers", Stage.TOOLCHAIN, toolchain.python_headers),
+    Probe("c_extension_build", Stage.TOOLCHAIN, toolchain.c_extension_build, ("c_compiler", "python_headers")),
+    Probe("triton_cache_dir", Stage.TOOLCHAIN, toolchain.triton_cache_dir),
+    Probe("package_versions", Stage.PACKAGES, packages.package_versions),
+    Probe("torch_triton_pin", Stage.PACKAGES, packages.torch_triton_pin),
+    Probe("causal_conv1d", Stage.PACKAGES, packages.causal_conv1d),
+    Probe("torch_cuda", Stage.TORCH, gpu.torch_cuda, ("nvidia_device_nodes", "nvidia_driver", "cuda_visible_devices"),
+          ("torch",), gpu=True, slow=True),
+    Probe("triton_target", Stage.TRITON, gpu.triton_target, ("torch_cuda", "c_extension_build"), ("triton",),
+          gpu=True, slow=True),
+    Probe("fla_device", Stage.FLA, gpu.fla_device, ("triton_target",), ("fla-core",), gpu=True, slow=True),
+    Probe("fla_kernel", Stage.FLA, gpu.fla_kernel, ("fla_device", "triton_cache_dir"), ("fla-core",), gpu=True,
+          slow=True),
+    Probe("gdn_backward", Stage.TRAINING, gpu.gdn_backward, ("fla_kernel",), ("fla-core",), gpu=True, slow=True),
+    Probe("model_config", Stage.MODEL, model.model_config, slow=True),
+    Probe("model_forward", Stage.MODEL, model.model_forward,
+          ("model_config", "torch_cuda", "triton_target", "fla_kernel", "triton_cache_dir"), ("torch", "transformers"),
+          gpu=True, min_tier="full", slow=True),
+    Probe("autotune_stress", Stage.STRESS, model.autotune_stress,
+          ("model_config", "torch_cuda", "triton_target", "fla_kernel"), ("torch", "transformers"),
+          gpu=True, min_tier="stress", slow=True),
+)
+
+
+def selected(tier: str) -> list[Probe]:
+    rank = TIERS.index(tier)
+    return [p for p in PROBES if TIERS.index(p.min_tier) <= rank]
+
+
+def _root(ctx: Context, dep: str) -> str:
+    res = ctx.results[dep]
+    return res.skipped_by if res.status is Status.SKIP and res.skipped_by else dep
+
+
+def gate(ctx: Context, probe: Probe) -> Result | None:
+    """A skip Result if the probe must not run, else None."""
+    if probe.gpu and not ctx.opts.expect_gpu:
+        return skipped(probe.name, probe.stage, "no GPU expected (--no-gpu)")
+    for dep in probe.requires:
+        res = ctx.results.get(dep)
+        if res is None or res.status in (Status.PASS, Status.WARN):
+            continue
+        root = _root(ctx, dep)
+        code = ctx.results[root].code if root in ctx.results else None
+        why = f"{dep} failed" if res.status is Status.FAIL else f"{dep} skipped"
+        if root != dep:
+            why += f" (root cause: {root}{' ' + code if code else ''})"
+        elif code:
+            why += f" ({code})"
+        return skipped(probe.name, probe.stage, f"skipped: {why}", skipped_by=root)
+    installed = ctx.facts.get("installed", {})
+    for dist in probe.needs_packages:
+        if installed.get(dist) is None:
+            by = "package_versions" if ctx.results.get("package_versions", None) and \
+                ctx.results["package_versions"].status is Status.FAIL else None
+            return skipped(probe.name, probe.stage, f"skipped: {dist} is not installed", skipped_by=by)
+    return None
+
+
+def run(ctx: Context, progress: Callable[[int, int, Probe], None] | None = None,
+        done: Callable[[Result], None] | None = None) -> list[Result]:
+    probes = selected(ctx.opts.tier)
+    out: list[Result] = []
+    for i, probe in enumerate(probes):
+        result = gate(ctx, probe)
+        if result is None:
+            if progress:
+                progress(i, len(probes), probe)
+            start = time.monotonic()
+            result = probe.fn(ctx)
+            result.duration_s = time.monotonic() - start
+        ctx.results[probe.name] = result
+        out.append(result)
+        if done:
+            done(result)
+    return out
+
+
+def summarize(results: list[Result]) -> dict[str, object]:
+    counts = {s: sum(1 for r in results if r.status is s) for s in Status}
+    first = next((r for r in results if r.status is Status.FAIL), None)
+    root = {"probe": first.name, "stage": first.stage.value, "code": first.code, "fix": first.fix,
+            "summary": first.summary} if first else None
+    return {
+        "passed": counts[Status.PASS],
+        "failed": counts[Status.FAIL],
+        "warned": counts[Status.WARN],
+        "skipped": counts[Status.SKIP],
+        "ok": first is None,
+        "root_cause": root,
+    }

@@ -1,0 +1,165 @@
+"""Model stage: the config (parsed, and known to transformers), the forward on the GPU; and the stress tier."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mlstack_doctor import runner
+from mlstack_doctor.context import Context
+from mlstack_doctor.diagnosis import classify, fix_for
+from mlstack_doctor.peaks import bf16_peak
+from mlstack_doctor.probes.gpu import _fail
+from mlstack_doctor.record import Result, Stage, failed, passed, warned
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+BUILTIN = {"tiny": "qwen3_5_tiny.json", "27b": "qwen3_5_27b.json"}
+REQUIRED = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
+WEIGHT_GLOBS = ("*.safetensors", "*.bin")
+
+
+def resolve(spec: str) -> dict[str, Any]:
+    """--model tiny|27b|PATH -> {'config': file, 'weights_dir': dir or None, 'problem': (code, text) or None}."""
+    if spec in BUILTIN:
+        return {"config": str(CONFIGS / BUILTIN[spec]), "weights_dir": None, "builtin": spec}
+    path = Path(spec)
+    if not path.exists():
+        return {"problem": ("MODEL_PATH_MISSING", f"{spec} does not exist")}
+    if path.is_dir():
+        cfg = path / "config.json"
+        if not cfg.is_file():
+            return {"problem": ("MODEL_PATH_MISSING", f"{spec} has no config.json")}
+        weights = sorted(str(p.name) for g in WEIGHT_GLOBS for p in path.glob(g))
+        return {"config": str(cfg), "weights_dir": str(path) if weights else None, "weight_files": weights}
+    return {"config": str(path), "weights_dir": None}
+
+
+def _check_index(weights_dir: str) -> list[str]:
+    """Shards named by model.safetensors.index.json that are absent."""
+    index = Path(weights_dir) / "model.safetensors.index.json"
+    if not index.is_file():
+        return []
+    try:
+        shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return ["model.safetensors.index.json (unreadable)"]
+    return sorted(s for s in shards if not (Path(weights_dir) / s).is_file())
+
+
+def model_config(ctx: Context) -> Result:
+    name, stage = "model_config", Stage.MODEL
+    spec = ctx.opts.model or "tiny"
+    where = resolve(spec)
+    ev: dict[str, Any] = {"model": spec, **{k: v for k, v in where.items() if k != "problem"}}
+    if "problem" in where:
+        code, text = where["problem"]
+        return failed(name, stage, text, code, fix_for(code), **ev)
+    cfg_path = where["config"]
+    try:
+        raw = json.loads(Path(cfg_path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        ev["error"] = f"{type(exc).__name__}: {exc}"
+        return failed(name, stage, f"{cfg_path}: {exc}", "MODEL_CONFIG_CORRUPT",
+                      fix_for("MODEL_CONFIG_CORRUPT", model_dir=str(Path(cfg_path).parent)), **ev)
+    text_cfg = raw.get("text_config", raw) if isinstance(raw, dict) else None
+    absent = ["model_type"] if not isinstance(raw, dict) or "model_type" not in raw else []
+    absent += [k for k in REQUIRED if not isinstance(text_cfg, dict) or k not in text_cfg]
+    if absent:
+        ev["missing_fields"] = absent
+        return failed(name, stage, f"{cfg_path} lacks {', '.join(absent)}", "MODEL_CONFIG_CORRUPT",
+                      fix_for("MODEL_CONFIG_CORRUPT", model_dir=str(Path(cfg_path).parent)), **ev)
+    if where.get("weights_dir"):
+        lost = _check_index(where["weights_dir"])
+        if lost:
+            ev["missing_shards"] = lost
+            return failed(name, stage, f"weights incomplete: {len(lost)} shard(s) missing", "MODEL_CONFIG_CORRUPT",
+                          fix_for("MODEL_CONFIG_CORRUPT", model_dir=where["weights_dir"]), **ev)
+    ctx.facts["model"] = where
+    installed = ctx.facts.get("installed", {})
+    if installed.get("transformers") is None:
+        return warned(name, stage, f"{raw['model_type']} config parsed; transformers not installed, model type unchecked",
+                      None, None, **ev)
+    res = runner.run_worker("w_model.py", {"mode": "config", "config": cfg_path}, timeout=ctx.timeout(300))
+    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
+    if not res.ok:
+        code = classify(res.error_text, "MODEL_CONFIG_CORRUPT")
+        if code == "MODEL_TYPE_UNKNOWN" or "model_type" in res.error_text:
+            code = "MODEL_TYPE_UNKNOWN"
+        ev.update(data)
+        ev.update(res.evidence())
+        fix = fix_for(code, python=ctx.python, model_dir=str(Path(cfg_path).parent))
+        return failed(name, stage, f"transformers rejects {raw['model_type']}: {res.error_text.strip()[-300:]}", code,
+                      fix, **ev)
+    ev.update(data)
+    ctx.facts["model_info"] = data
+    params = f", {data['params'] / 1e9:.2f} B params" if data.get("params") else ""
+    return passed(name, stage, f"transformers {data['transformers']} builds {data['config_class']}{params}", **ev)
+
+
+def model_forward(ctx: Context) -> Result:
+    name, stage = "model_forward", Stage.MODEL
+    where = ctx.facts["model"]
+    args = {"mode": "forward", "config": where["config"], "weights_dir": where.get("weights_dir"),
+            "tokens": ctx.opts.tokens, "measure_peak": ctx.opts.measure_peak}
+    res = runner.run_worker("w_model.py", args, timeout=ctx.timeout(600))
+    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
+    if res.answered and res.data.get("refused"):
+        return failed(name, stage, f"needs ~{data['need_gib']} GiB, GPU has {data['gpu_free_gib']} GiB free "
+                      f"({data['params'] / 1e9:.1f} B params in bf16)", "GPU_MEMORY_TOO_SMALL",
+                      fix_for("GPU_MEMORY_TOO_SMALL"), **data)
+    if not res.ok:
+        default = "MODEL_LOAD_FAILED"
+        if data.get("logits_shape") and data.get("logits_shape") != data.get("expected_logits_shape"):
+            default = "LOGITS_SHAPE_WRONG"
+        elif data.get("logits_finite") is False:
+            default = "NONFINITE_LOGITS"
+        return _fail(name, stage, ctx, res, default, "model forward failed", **data)
+    peak = bf16_peak(str(data.get("gpu", "")))
+    data["bf16_peak_tflops_datasheet"] = peak
+    if peak:
+        data["mfu_vs_datasheet"] = round(data["achieved_tflops"] / peak, 3)
+    if data.get("matmul_peak_tflops"):
+        data["mfu_vs_measured_matmul"] = round(data["achieved_tflops"] / data["matmul_peak_tflops"], 3)
+    mfu = f", MFU {data['mfu_vs_datasheet']:.0%} of {peak:.0f} TFLOP/s" if peak else ""
+    return passed(
+        name, stage,
+        f"{data['weights']} {data['params'] / 1e9:.2f} B: load {data['load_s']} s, first forward {data['first_forward_s']} s, "
+        f"{data['tokens']} tok in {data['steady_forward_s'] * 1000:.0f} ms = {data['tokens_per_s']:.0f} tok/s{mfu}",
+        **data,
+    )
+
+
+def autotune_stress(ctx: Context) -> Result:
+    """N threads over the GPUs, one cold-cache forward each at the same moment (triton-lang/triton#11494)."""
+    name, stage = "autotune_stress", Stage.STRESS
+    where = ctx.facts["model"]
+    fresh = tempfile.mkdtemp(prefix="mlstack-doctor-stress-")
+    try:
+        res = runner.run_worker(
+            "w_model.py",
+            {"mode": "stress", "config": where["config"], "threads": ctx.opts.threads, "tokens": ctx.opts.stress_tokens},
+            timeout=ctx.timeout(600),
+            env={"TRITON_CACHE_DIR": fresh},
+        )
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
+    cold = data.get("cold") or {}
+    if res.answered and cold.get("errors"):
+        codes = sorted({classify(e["error"], "STRESS_FAILED") for e in cold["errors"]})
+        code = "AUTOTUNER_RACE" if "AUTOTUNER_RACE" in codes else codes[0]
+        after = data.get("after_warmup", {})
+        data["codes"] = codes
+        data["warm_cache_mitigation"] = "works" if after and not after.get("errors") else "did not help"
+        return failed(
+            name, stage, f"{len(cold['errors'])} of {data['threads']} threads failed on a cold cache "
+            f"({cold['errors'][0]['error'][:120]}); after one warm-up forward: {data['warm_cache_mitigation']}",
+            code, fix_for(code), **data,
+        )
+    if not res.ok:
+        return _fail(name, stage, ctx, res, "STRESS_FAILED", "stress run failed", **data)
+    return passed(name, stage, f"{data['threads']} threads on {data['gpus']} GPU(s), cold cache: no race "
+                  f"({cold.get('seconds')} s)", **data)

@@ -1,0 +1,114 @@
+"""The report: one JSON object (schema/report.schema.json), and a table for people (rich when present)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from mlstack_doctor import SCHEMA_VERSION, __version__
+from mlstack_doctor.record import Result, Status
+
+SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "report.schema.json"
+MARK = {Status.PASS: "PASS", Status.FAIL: "FAIL", Status.WARN: "WARN", Status.SKIP: "skip"}
+COLOR = {Status.PASS: "green", Status.FAIL: "bold red", Status.WARN: "yellow", Status.SKIP: "dim"}
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def host_info() -> dict[str, Any]:
+    in_container = os.path.exists("/run/.containerenv") or os.path.exists("/.dockerenv")
+    try:
+        with open("/proc/1/environ", "rb") as f:
+            in_container = in_container or b"container=" in f.read()
+    except OSError:
+        pass
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "in_container": in_container,
+    }
+
+
+def report(tier: str, options: dict[str, Any], started: str, results: list[Result], summary: dict[str, Any]) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "mlstack-doctor", "version": __version__},
+        "started": started,
+        "finished": now(),
+        "host": host_info(),
+        "tier": tier,
+        "options": options,
+        "probes": [r.to_json() for r in results],
+        "summary": summary,
+    }
+
+
+def _has_rich() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _plain(results: list[Result], summary: dict[str, Any], out: TextIO) -> None:
+    rows = [(MARK[r.status], r.stage.value, r.name, f"{r.duration_s:.1f}s" if r.duration_s >= 0.05 else "",
+             (r.code or "") , r.summary) for r in results]
+    widths = [max(len(str(row[i])) for row in rows + [("STATUS", "STAGE", "PROBE", "TIME", "CODE", "")])
+              for i in range(5)]
+    head = ("STATUS", "STAGE", "PROBE", "TIME", "CODE", "DETAIL")
+    out.write("  ".join(h.ljust(widths[i]) if i < 5 else h for i, h in enumerate(head)) + "\n")
+    for row in rows:
+        out.write("  ".join(str(c).ljust(widths[i]) if i < 5 else str(c) for i, c in enumerate(row)) + "\n")
+    for r in results:
+        if r.status in (Status.FAIL, Status.WARN) and r.fix:
+            out.write(f"  {MARK[r.status]} {r.name}: fix: {r.fix}\n")
+    _verdict(summary, out)
+
+
+def _verdict(summary: dict[str, Any], out: TextIO) -> None:
+    counts = f"{summary['passed']} passed, {summary['failed']} failed, {summary['warned']} warned, {summary['skipped']} skipped"
+    root = summary.get("root_cause")
+    if root:
+        out.write(f"\nROOT CAUSE: {root['probe']} [{root['code']}] {root['summary']}\nFIX: {root['fix']}\n{counts}\n")
+    else:
+        out.write(f"\nOK: the stack works ({counts})\n")
+
+
+def table(results: list[Result], summary: dict[str, Any], out: TextIO, use_rich: bool | None = None) -> None:
+    if use_rich is None:
+        use_rich = _has_rich() and out.isatty()
+    if not use_rich:
+        _plain(results, summary, out)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=out)
+    t = Table(show_lines=False)
+    for col in ("status", "stage", "probe", "time", "code", "detail"):
+        t.add_column(col, overflow="fold")
+    for r in results:
+        t.add_row(f"[{COLOR[r.status]}]{MARK[r.status]}[/]", r.stage.value, r.name,
+                  f"{r.duration_s:.1f}s" if r.duration_s >= 0.05 else "", r.code or "", r.summary)
+    console.print(t)
+    for r in results:
+        if r.status in (Status.FAIL, Status.WARN) and r.fix:
+            console.print(f"  [{COLOR[r.status]}]{MARK[r.status]}[/] {r.name}: fix: {r.fix}", highlight=False)
+    _verdict(summary, out)
+
+
+def write_json(doc: dict[str, Any], out: TextIO) -> None:
+    json.dump(doc, out, indent=2, default=str)
+    out.write("\n")

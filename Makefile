@@ -8,7 +8,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 .PHONY: venv testbed provision verify test lint unit down
 
 $(VENV)/.done: requirements-controller.txt requirements-controller.lock verify/pyproject.toml
-	python3 -m venv $(VENV)
+	python3 -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }
 	$(VENV)/bin/pip install -q -r requirements-controller.txt -c requirements-controller.lock
 	$(VENV)/bin/pip install -q -e ./verify
 	# Make this checkout resolvable as the collection mlstack.pve (ansible.cfg collections_path).

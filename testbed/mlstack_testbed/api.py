@@ -16,8 +16,9 @@ async def serve(host: str, port: int) -> None:
         logging.info(note)
     pve.save()
     await pve.start(str(paths.API_CERT), str(paths.API_KEY))
-    logging.info("serving the PVE API on https://%s:%s (node %s, %d containers)", host, port, paths.NODE,
-                 len(pve.cts))
+    logging.info(
+        "serving the PVE API on https://%s:%s (node %s, %d containers)", host, port, paths.NODE, len(pve.cts)
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -33,19 +34,33 @@ FORMATS = {".tar.zst": "tzst", ".tar.gz": "tgz", ".tar.xz": "txz"}
 class TestbedPve(FakePve):
     """FakePve on node 'testbed' whose containers are real."""
 
-    def __init__(self, password: str, host: str = paths.API_HOST, port: int = paths.API_PORT,
-                 state_file: Path = paths.API_STATE) -> None:
+    def __init__(
+        self,
+        password: str,
+        host: str = paths.API_HOST,
+        port: int = paths.API_PORT,
+        state_file: Path = paths.API_STATE,
+    ) -> None:
         super().__init__(user=paths.API_USER, password=password, host=host, port=port)
         self.nodes = {paths.NODE: {"online": True}}
         # Tasks run in the background as on PVE; PVE seconds are real seconds (no delays are configured).
         self.time_scale = 1.0
         # One dir storage, as a PVE installed on ext4 without LVM has it.
-        self.storages = {paths.STORAGE: {"type": "dir", "active": 1, "content": "iso,vztmpl,backup,rootdir,images",
-                                         "files": set(), "volumes": {}, "path": str(paths.LOCAL_STORAGE),
-                                         "avail": 50 * 1024**3}}
+        self.storages = {
+            paths.STORAGE: {
+                "type": "dir",
+                "active": 1,
+                "content": "iso,vztmpl,backup,rootdir,images",
+                "files": set(),
+                "volumes": {},
+                "path": str(paths.LOCAL_STORAGE),
+                "avail": 50 * 1024**3,
+            }
+        }
         self.state_file = state_file
         self._create_templates: dict[int, str] = {}
         self._shutdown_args: dict[int, tuple[int, bool]] = {}
+        self._loading = False
         self.refresh_templates()
 
     # ------------------------------------------------------------------ storage
@@ -59,14 +74,20 @@ class TestbedPve(FakePve):
             suffix = next((s for s in TEMPLATE_SUFFIXES if f.name.endswith(s)), None)
             if suffix:
                 st = f.stat()
-                vols[f"vztmpl/{f.name}"] = {"content": "vztmpl", "format": FORMATS[suffix], "size": st.st_size,
-                                            "ctime": int(st.st_mtime)}
+                vols[f"vztmpl/{f.name}"] = {
+                    "content": "vztmpl",
+                    "format": FORMATS[suffix],
+                    "size": st.st_size,
+                    "ctime": int(st.st_mtime),
+                }
         store["volumes"] = vols
 
     def template_file(self, volid: str) -> Path:
         sid, _, volname = volid.partition(":")
         if sid != paths.STORAGE or not volname.startswith("vztmpl/"):
-            raise realct.RealCtError(f"unable to use volume {volid} - not an OS template on storage '{paths.STORAGE}'")
+            raise realct.RealCtError(
+                f"unable to use volume {volid} - not an OS template on storage '{paths.STORAGE}'"
+            )
         return paths.LOCAL_STORAGE / "template" / "cache" / volname.split("/", 1)[1]
 
     # ---------------------------------------------------------------- checks
@@ -78,12 +99,16 @@ class TestbedPve(FakePve):
             if lxcconf.DEV_KEY.match(key):
                 try:
                     lxcconf.check_device(lxcconf.parse_dev(key, str(value)).path)
+                except lxcconf.PveFormatError as e:
+                    raise PveError(
+                        400, "Parameter verification failed.", {key: f"invalid format - {e}\n"}
+                    ) from None
                 except lxcconf.PveConfigError as e:
                     raise PveError(500, str(e)) from None
 
     def _check_vmid_unused(self, vmid: int) -> None:
         super()._check_vmid_unused(vmid)
-        if realct.ct_dir(vmid).exists():
+        if not self._loading and realct.ct_dir(vmid).exists():
             # A real container nobody registered: the id is taken on this node.
             raise PveError(500, f"CT {vmid} already exists on node '{paths.NODE}'")
 
@@ -95,6 +120,7 @@ class TestbedPve(FakePve):
                 return await fn(user, v)
             finally:
                 self.save()
+
         return super()._lxc_handler(saving)
 
     async def _lxc_create(self, user: str, v: dict[str, Any]) -> Any:
@@ -103,8 +129,9 @@ class TestbedPve(FakePve):
         self._create_templates[int(v["vmid"])] = str(v.get("ostemplate", ""))
         return await super()._lxc_create(user, v)
 
-    async def _update_config(self, ct: FakeCt, user: str, values: dict[str, Any], deletes: list[str],
-                             reverts: list[str]) -> None:
+    async def _update_config(
+        self, ct: FakeCt, user: str, values: dict[str, Any], deletes: list[str], reverts: list[str]
+    ) -> None:
         self._check_devices(values)
         await super()._update_config(ct, user, values, deletes, reverts)
         if realct.exists(ct.vmid) and ct.status != "running":
@@ -116,11 +143,25 @@ class TestbedPve(FakePve):
 
     # ---------------------------------------------------------------- tasks
 
-    async def task(self, node: str, ttype: str, tid: Any, user: str, body: Body, vm: Any = None,
-                   lock: bool = True, log: Any = ()) -> str:
-        hook = {"vzcreate": self._real_create, "vzstart": self._real_start, "vzstop": self._real_stop,
-                "vzshutdown": self._real_shutdown, "vzreboot": self._real_reboot,
-                "vzdestroy": self._real_destroy}.get(ttype)
+    async def task(
+        self,
+        node: str,
+        ttype: str,
+        tid: Any,
+        user: str,
+        body: Body,
+        vm: Any = None,
+        lock: bool = True,
+        log: Any = (),
+    ) -> str:
+        hook = {
+            "vzcreate": self._real_create,
+            "vzstart": self._real_start,
+            "vzstop": self._real_stop,
+            "vzshutdown": self._real_shutdown,
+            "vzreboot": self._real_reboot,
+            "vzdestroy": self._real_destroy,
+        }.get(ttype)
         if hook is None or not isinstance(vm, FakeCt):
             return await super().task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)
         record: dict[str, Any] = {}
@@ -130,6 +171,7 @@ class TestbedPve(FakePve):
                 return await hook(vm, body, record.get("log", []))
             finally:
                 self.save()
+
         upid = await super().task(node, ttype, tid, user, real, vm=vm, lock=lock, log=log)
         record["log"] = self.tasks[upid]["log"]
         return upid
@@ -227,13 +269,27 @@ class TestbedPve(FakePve):
     # ---------------------------------------------------------- persistence
 
     def save(self) -> None:
-        data = {"version": 1, "node": paths.NODE,
-                "cts": [{"vmid": ct.vmid, "config": ct.config, "pending": ct.pending, "status": ct.status}
-                        for ct in self.cts if ct.lock != "create"]}
+        data = {
+            "version": 1,
+            "node": paths.NODE,
+            "cts": [
+                {"vmid": ct.vmid, "config": ct.config, "pending": ct.pending, "status": ct.status}
+                for ct in self.cts
+                if ct.lock != "create"
+            ],
+            # Login tickets outlive a restart of the server, as PVE's signed tickets do.
+            "tickets": {t: v for t, v in self.tickets.items() if v.get("expires", 0) > time.time()},
+        }
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        os.chmod(tmp, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
         tmp.replace(self.state_file)
+
+    def issue_ticket(self, user: str) -> tuple[str, str]:
+        ticket: tuple[str, str] = super().issue_ticket(user)
+        self.save()
+        return ticket
 
     def load(self) -> list[str]:
         """Reload the saved containers; those whose real container is gone are dropped (real state wins)."""
@@ -241,16 +297,34 @@ class TestbedPve(FakePve):
         if not self.state_file.is_file():
             return notes
         data = json.loads(self.state_file.read_text())
+        self.tickets.update(
+            {t: v for t, v in data.get("tickets", {}).items() if float(v.get("expires", 0)) > time.time()}
+        )
+        self._loading = True
+        try:
+            self._load_items(data, notes)
+        finally:
+            self._loading = False
+        return notes
+
+    def _load_items(self, data: dict[str, Any], notes: list[str]) -> None:
         for item in data.get("cts", []):
             vmid = int(item["vmid"])
             status, pid = realct.state(vmid)
             if status == "missing":
                 notes.append(f"CT {vmid}: no real container any more; dropped from the API")
                 continue
-            ct = self.add_ct(vmid, node=paths.NODE, status="stopped", config=item.get("config") or {},
-                             pending=item.get("pending") or {}, defaults=False)
+            ct = self.add_ct(
+                vmid,
+                node=paths.NODE,
+                status="stopped",
+                config=item.get("config") or {},
+                pending=item.get("pending") or {},
+                defaults=False,
+            )
             ct.config.pop("lock", None)
             ct.status, ct.pid = status, pid
             if status == "running":
-                ct.started_at = os.stat(f"/proc/{pid}").st_mtime if pid and Path(f"/proc/{pid}").exists() else None
-        return notes
+                ct.started_at = (
+                    os.stat(f"/proc/{pid}").st_mtime if pid and Path(f"/proc/{pid}").exists() else None
+                )

@@ -37,8 +37,14 @@ class Testbed:
         """A proxmoxer ProxmoxAPI logged in as root@pam, verifying TLS with the testbed's CA file."""
         from proxmoxer import ProxmoxAPI
 
-        return ProxmoxAPI(self.api_host, port=self.api_port, user=self.api_user, password=self.api_password,
-                          verify_ssl=self.api_ca_file, timeout=timeout)
+        return ProxmoxAPI(
+            self.api_host,
+            port=self.api_port,
+            user=self.api_user,
+            password=self.api_password,
+            verify_ssl=self.api_ca_file,
+            timeout=timeout,
+        )
 
 
 def load(path: Path = paths.TESTBED_JSON) -> Testbed:

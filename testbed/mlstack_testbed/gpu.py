@@ -37,9 +37,13 @@ def pick_majors(n: int) -> list[int]:
 def wanted_nodes(count: int) -> list[tuple[str, int, int]]:
     uvm, caps = pick_majors(2)
     nodes = [(f"/dev/nvidia{i}", NVIDIA_MAJOR, i) for i in range(count)]
-    nodes += [("/dev/nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR), ("/dev/nvidia-uvm", uvm, 0),
-              ("/dev/nvidia-uvm-tools", uvm, 1), ("/dev/nvidia-caps/nvidia-cap1", caps, 1),
-              ("/dev/nvidia-caps/nvidia-cap2", caps, 2)]
+    nodes += [
+        ("/dev/nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR),
+        ("/dev/nvidia-uvm", uvm, 0),
+        ("/dev/nvidia-uvm-tools", uvm, 1),
+        ("/dev/nvidia-caps/nvidia-cap1", caps, 1),
+        ("/dev/nvidia-caps/nvidia-cap2", caps, 2),
+    ]
     return nodes
 
 
@@ -51,7 +55,7 @@ def recorded() -> dict[str, object]:
 
 
 def ensure(count: int) -> list[str]:
-    """Make /dev/nvidia0..count-1 and the control, uvm and caps nodes where absent; returns all their paths."""
+    """Make /dev/nvidia0..count-1 and the ctl, uvm and caps nodes where absent; returns all their paths."""
     if count <= 0:
         return present()
     rec = recorded()
@@ -75,7 +79,9 @@ def ensure(count: int) -> list[str]:
         os.mknod(p, stat.S_IFCHR | 0o666, os.makedev(major, minor))
         os.chmod(p, 0o666)
         created.append({"path": path, "major": major, "minor": minor})
-    paths.GPU_NODES_FILE.write_text(json.dumps({"created": created, "dirs": dirs, "requested": count}, indent=1))
+    paths.GPU_NODES_FILE.write_text(
+        json.dumps({"created": created, "dirs": dirs, "requested": count}, indent=1)
+    )
     return out
 
 

@@ -11,7 +11,16 @@ from pathlib import Path
 from . import paths
 from .proc import run, say
 
-PACKAGES = ("lxc", "debootstrap", "uidmap", "openssh-server", "dnsmasq-base", "iptables", "zstd", "ca-certificates")
+PACKAGES = (
+    "lxc",
+    "debootstrap",
+    "uidmap",
+    "openssh-server",
+    "dnsmasq-base",
+    "iptables",
+    "zstd",
+    "ca-certificates",
+)
 LXC_NET = "/usr/libexec/lxc/lxc-net"
 LXC_NET_DEFAULTS = Path("/etc/default/lxc-net")
 SUBID_LINE = f"root:{paths.IDMAP_BASE}:{paths.IDMAP_SIZE}"
@@ -92,7 +101,7 @@ def install_known_host(line: str) -> bool:
     f = paths.SYSTEM_KNOWN_HOSTS
     lines = f.read_text().splitlines() if f.is_file() else []
     kept = [ln for ln in lines if ln.split()[:1] != [host]]
-    if kept + [line] == lines:
+    if [*kept, line] == lines:
         return False
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text("\n".join([*kept, line]) + "\n")

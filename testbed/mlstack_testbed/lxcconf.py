@@ -32,6 +32,10 @@ class PveConfigError(ValueError):
     """A config value PVE refuses; str() is PVE's wording."""
 
 
+class PveFormatError(PveConfigError):
+    """A value PVE's schema format check refuses (the API answers 400, per parameter)."""
+
+
 # ------------------------------------------------------------------ property strings
 
 
@@ -77,12 +81,18 @@ def parse_dev(key: str, value: str) -> DevSpec:
     if not path:
         raise PveConfigError(f"Path is not defined for passthrough device {key}")
     if re.search(r"/\.\.?(?:/|$)", path) or not path.startswith("/dev/"):
-        raise PveConfigError(f"{path} is not a valid device path")
+        raise PveFormatError(f"{path} is not a valid device path")
     mode = props.get("mode")
     if mode is not None and not re.fullmatch(r"0[0-7]{3}", mode):
         raise PveConfigError(f"invalid format - mode: value does not match the regex pattern ({mode})")
-    return DevSpec(key=key, path=path, uid=int(props.get("uid", 0)), gid=int(props.get("gid", 0)),
-                   mode=int(mode, 8) if mode else 0o660, deny_write=_bool(props.get("deny-write")))
+    return DevSpec(
+        key=key,
+        path=path,
+        uid=int(props.get("uid", 0)),
+        gid=int(props.get("gid", 0)),
+        mode=int(mode, 8) if mode else 0o660,
+        deny_write=_bool(props.get("deny-write")),
+    )
 
 
 def check_device(path: str) -> os.stat_result:
@@ -146,7 +156,10 @@ class IdMap:
         return self.host_base + ct_id
 
     def lines(self) -> list[str]:
-        return [f"lxc.idmap = u 0 {self.host_base} {self.size}", f"lxc.idmap = g 0 {self.host_base} {self.size}"]
+        return [
+            f"lxc.idmap = u 0 {self.host_base} {self.size}",
+            f"lxc.idmap = g 0 {self.host_base} {self.size}",
+        ]
 
 
 # -------------------------------------------------------------------------- cgroups
@@ -166,15 +179,19 @@ class CgroupLayout:
         unified = Path(root) / "cgroup.controllers"
         if unified.exists():
             ctl = unified.read_text().split()
-            return cls(devices_v1=False,
-                       memory_key="lxc.cgroup2.memory.max" if "memory" in ctl else None,
-                       swap_key="lxc.cgroup2.memory.swap.max" if "memory" in ctl else None,
-                       cpuset_key="lxc.cgroup2.cpuset.cpus" if "cpuset" in ctl else None)
+            return cls(
+                devices_v1=False,
+                memory_key="lxc.cgroup2.memory.max" if "memory" in ctl else None,
+                swap_key="lxc.cgroup2.memory.swap.max" if "memory" in ctl else None,
+                cpuset_key="lxc.cgroup2.cpuset.cpus" if "cpuset" in ctl else None,
+            )
         mem_v1 = (Path(root) / "memory").is_dir()
-        return cls(devices_v1=(Path(root) / "devices").is_dir(),
-                   memory_key="lxc.cgroup.memory.limit_in_bytes" if mem_v1 else None,
-                   swap_key=None,  # v1 memsw needs swapaccount=1; left out
-                   cpuset_key="lxc.cgroup.cpuset.cpus" if (Path(root) / "cpuset").is_dir() else None)
+        return cls(
+            devices_v1=(Path(root) / "devices").is_dir(),
+            memory_key="lxc.cgroup.memory.limit_in_bytes" if mem_v1 else None,
+            swap_key=None,  # v1 memsw needs swapaccount=1; left out
+            cpuset_key="lxc.cgroup.cpuset.cpus" if (Path(root) / "cpuset").is_dir() else None,
+        )
 
     def device_keys(self) -> list[str]:
         """cgroup2 always (PVE's key); the v1 key too where the devices controller is v1."""
@@ -270,8 +287,15 @@ class CtSpec:
     extra: list[str] = field(default_factory=list)
 
 
-def from_pve_config(vmid: int, config: Mapping[str, object], rootfs_path: str, passthrough_dir: Path,
-                    bridges: Mapping[str, str], idmap: IdMap, apparmor: bool) -> CtSpec:
+def from_pve_config(
+    vmid: int,
+    config: Mapping[str, object],
+    rootfs_path: str,
+    passthrough_dir: Path,
+    bridges: Mapping[str, str],
+    idmap: IdMap,
+    apparmor: bool,
+) -> CtSpec:
     """A CtSpec from a PVE container config (the API's /config view)."""
     nets = []
     for key in sorted((k for k in config if NET_KEY.match(k)), key=lambda k: int(k[3:])):
@@ -279,31 +303,59 @@ def from_pve_config(vmid: int, config: Mapping[str, object], rootfs_path: str, p
         bridge = props.get("bridge", "")
         if bridge not in bridges:
             raise PveConfigError(f"bridge '{bridge}' does not exist")
-        nets.append(NetSpec(name=props.get("name", "eth" + key[3:]), link=bridges[bridge],
-                            hwaddr=props.get("hwaddr"), mtu=int(props["mtu"]) if "mtu" in props else None))
+        nets.append(
+            NetSpec(
+                name=props.get("name", "eth" + key[3:]),
+                link=bridges[bridge],
+                hwaddr=props.get("hwaddr"),
+                mtu=int(props["mtu"]) if "mtu" in props else None,
+            )
+        )
     features = split_props(str(config.get("features", "")), "_")
     cores = config.get("cores")
     memory = config.get("memory")
-    return CtSpec(name=str(vmid), hostname=str(config.get("hostname") or f"CT{vmid}"), rootfs_path=rootfs_path,
-                  arch=str(config.get("arch") or "amd64"),
-                  idmap=idmap if _bool(str(config.get("unprivileged", 0))) else None,
-                  memory_mib=int(str(memory)) if memory else None, cores=int(str(cores)) if cores else None,
-                  nets=nets, devs=devices_of(config), mounts=mounts_of(config),
-                  nesting=_bool(features.get("nesting")), apparmor=apparmor, passthrough_dir=passthrough_dir)
+    return CtSpec(
+        name=str(vmid),
+        hostname=str(config.get("hostname") or f"CT{vmid}"),
+        rootfs_path=rootfs_path,
+        arch=str(config.get("arch") or "amd64"),
+        idmap=idmap if _bool(str(config.get("unprivileged", 0))) else None,
+        memory_mib=int(str(memory)) if memory else None,
+        cores=int(str(cores)) if cores else None,
+        nets=nets,
+        devs=devices_of(config),
+        mounts=mounts_of(config),
+        nesting=_bool(features.get("nesting")),
+        apparmor=apparmor,
+        passthrough_dir=passthrough_dir,
+    )
 
 
-def render(spec: CtSpec, layout: CgroupLayout, lxc_config_dir: str = "/usr/share/lxc/config",
-           ncpus: int | None = None) -> str:
+def render(
+    spec: CtSpec,
+    layout: CgroupLayout,
+    lxc_config_dir: str = "/usr/share/lxc/config",
+    ncpus: int | None = None,
+    origin: str = "mlstack-testbed",
+) -> str:
     """The LXC config file text (validates devN nodes and bind sources as PVE's start does)."""
-    lines = [f"# Generated by mlstack-testbed from the PVE config of CT {spec.name}; edits are overwritten.",
-             f"lxc.include = {lxc_config_dir}/common.conf"]
+    lines = [
+        f"# Generated by {origin} from the PVE config of CT {spec.name}; edits are overwritten.",
+        f"lxc.include = {lxc_config_dir}/common.conf",
+    ]
     if spec.idmap:
         lines.append(f"lxc.include = {lxc_config_dir}/userns.conf")
     if spec.nesting:
         lines.append(f"lxc.include = {lxc_config_dir}/nesting.conf")
-    lines += [f"lxc.arch = {spec.arch}", f"lxc.uts.name = {spec.hostname}",
-              f"lxc.rootfs.path = {spec.rootfs_path}", "lxc.autodev = 1", "lxc.tty.max = 2",
-              "lxc.environment = TERM=linux", "lxc.monitor.unshare = 1"]
+    lines += [
+        f"lxc.arch = {spec.arch}",
+        f"lxc.uts.name = {spec.hostname}",
+        f"lxc.rootfs.path = {spec.rootfs_path}",
+        "lxc.autodev = 1",
+        "lxc.tty.max = 2",
+        "lxc.environment = TERM=linux",
+        "lxc.monitor.unshare = 1",
+    ]
     if spec.apparmor:
         lines += ["lxc.apparmor.profile = generated", "lxc.apparmor.allow_nesting = 1"]
     else:
@@ -319,8 +371,13 @@ def render(spec: CtSpec, layout: CgroupLayout, lxc_config_dir: str = "/usr/share
     if not spec.nets:
         lines.append("lxc.net.0.type = empty")
     for i, net in enumerate(spec.nets):
-        lines += [f"lxc.net.{i}.type = veth", f"lxc.net.{i}.link = {net.link}", f"lxc.net.{i}.flags = up",
-                  f"lxc.net.{i}.name = {net.name}", f"lxc.net.{i}.veth.pair = veth{spec.name}i{i}"]
+        lines += [
+            f"lxc.net.{i}.type = veth",
+            f"lxc.net.{i}.link = {net.link}",
+            f"lxc.net.{i}.flags = up",
+            f"lxc.net.{i}.name = {net.name}",
+            f"lxc.net.{i}.veth.pair = veth{spec.name}i{i}",
+        ]
         if net.hwaddr:
             lines.append(f"lxc.net.{i}.hwaddr = {net.hwaddr}")
         if net.mtu:

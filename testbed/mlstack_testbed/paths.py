@@ -18,11 +18,11 @@ LOCAL_STORAGE = STATE_DIR / "storage" / "local"
 TEMPLATE_CACHE = LOCAL_STORAGE / "template" / "cache"
 
 API_HOST = "127.0.0.1"
-API_PORT = 8006
+API_PORT = int(os.environ.get("MLSTACK_TESTBED_API_PORT", "8006"))
 API_USER = "root@pam"
 NODE = "testbed"
 SSH_HOST = "127.0.0.1"
-SSH_PORT = 2222
+SSH_PORT = int(os.environ.get("MLSTACK_TESTBED_SSH_PORT", "2222"))
 SSH_USER = "root"
 STORAGE = "local"
 BRIDGE = "vmbr0"

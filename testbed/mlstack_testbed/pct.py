@@ -55,7 +55,10 @@ def parse_opts(args: list[str]) -> dict[str, str]:
 
 def vmid_arg(text: str) -> int:
     if not text.isdigit() or not 100 <= int(text) <= 999999999:
-        die(f"400 Parameter verification failed.\nvmid: invalid format - value does not look like a valid VM ID\n")
+        die(
+            "400 Parameter verification failed.\n"
+            "vmid: invalid format - value does not look like a valid VM ID\n"
+        )
     return int(text)
 
 
@@ -171,7 +174,7 @@ def attach_argv(vmid: int, keep_env: bool = False) -> list[str]:
     argv = ["lxc-attach", "-n", str(vmid)]
     if not keep_env:
         argv += ["--clear-env", "--keep-var", "TERM"]
-    return argv + ["--"]
+    return [*argv, "--"]
 
 
 def cmd_exec(vmid: int, rest: list[str]) -> NoReturn:
@@ -209,7 +212,7 @@ def cmd_push(vmid: int, rest: list[str]) -> int:
     need_running(vmid)
     user, group, perms = _owner_args(opts, "0644")
     script = 'umask 077; cat > "$1" && chown "$2:$3" "$1" && chmod "$4" "$1"'
-    argv = attach_argv(vmid) + ["/bin/sh", "-c", script, "pct-push", dst, user, group, perms]
+    argv = [*attach_argv(vmid), "/bin/sh", "-c", script, "pct-push", dst, user, group, perms]
     import subprocess
 
     rc = subprocess.run(argv, stdin=fd, check=False).returncode
@@ -226,7 +229,9 @@ def cmd_pull(vmid: int, rest: list[str]) -> int:
 
     tmp = f"{dst}.pct-pull.{os.getpid()}"
     with open(tmp, "wb") as out:
-        r = subprocess.run(attach_argv(vmid) + ["cat", "--", src], stdout=out, stderr=subprocess.PIPE, check=False)
+        r = subprocess.run(
+            [*attach_argv(vmid), "cat", "--", src], stdout=out, stderr=subprocess.PIPE, check=False
+        )
     if r.returncode != 0:
         os.unlink(tmp)
         die(f"failed to open {src} for reading: {r.stderr.decode(errors='replace').strip()}")

@@ -22,12 +22,23 @@ class Result:
         return "\n".join(text[-8:])
 
 
-def run(argv: Sequence[str], timeout: float = 120, input_text: str | None = None,
-        env: dict[str, str] | None = None) -> Result:
+def run(
+    argv: Sequence[str],
+    timeout: float = 120,
+    input_text: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Result:
     """Run argv; rc 124 on timeout, 127 when the program is missing."""
     try:
-        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, input=input_text,
-                           env=env, check=False)
+        p = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input_text,
+            env=env,
+            check=False,
+        )
     except subprocess.TimeoutExpired as e:
         return Result(124, _text(e.stdout), _text(e.stderr) + f"\ntimed out after {timeout}s: {argv[0]}")
     except FileNotFoundError:

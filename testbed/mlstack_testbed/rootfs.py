@@ -20,8 +20,10 @@ from . import paths
 from .proc import run, say
 
 MIRROR = os.environ.get("MLSTACK_TESTBED_MIRROR", "http://deb.debian.org/debian")
-PACKAGES = ("systemd,systemd-sysv,dbus,ifupdown,isc-dhcp-client,iproute2,iputils-ping,ca-certificates,curl,"
-            "less,procps,nano,locales,apt-utils")
+PACKAGES = (
+    "systemd,systemd-sysv,dbus,ifupdown,isc-dhcp-client,iproute2,iputils-ping,ca-certificates,curl,"
+    "less,procps,nano,locales,apt-utils"
+)
 EXTRA_CA_DIR = Path("/usr/local/share/ca-certificates")
 TEMPLATE_META = paths.STATE_DIR / "template.json"
 
@@ -44,8 +46,13 @@ def ca_digest() -> str:
 def template_status() -> dict[str, object]:
     meta = json.loads(TEMPLATE_META.read_text()) if TEMPLATE_META.is_file() else {}
     path = template_path()
-    return {"path": str(path), "present": path.is_file(), "size": path.stat().st_size if path.is_file() else 0,
-            "stale_ca": bool(meta) and meta.get("ca_sha256") != ca_digest(), **meta}
+    return {
+        "path": str(path),
+        "present": path.is_file(),
+        "size": path.stat().st_size if path.is_file() else 0,
+        "stale_ca": bool(meta) and meta.get("ca_sha256") != ca_digest(),
+        **meta,
+    }
 
 
 def build_template(force: bool = False) -> bool:
@@ -53,8 +60,10 @@ def build_template(force: bool = False) -> bool:
     target = template_path()
     if target.is_file() and not force:
         if template_status().get("stale_ca"):
-            say("the machine's extra CA certificates changed since the template was built: "
-                "`testbed down --purge` and `up` rebuild it")
+            say(
+                "the machine's extra CA certificates changed since the template was built: "
+                "`testbed down --purge` and `up` rebuild it"
+            )
         return False
     paths.ensure_dirs()
     work = paths.STATE_DIR / "build"
@@ -63,11 +72,20 @@ def build_template(force: bool = False) -> bool:
     root = work / "rootfs"
     root.mkdir(parents=True)
     t0 = time.monotonic()
-    say(f"debootstrap {paths.TEMPLATE_SUITE} (minbase + {PACKAGES.count(',') + 1} packages) from {MIRROR}; "
-        "about a minute")
+    say(
+        f"debootstrap {paths.TEMPLATE_SUITE} (minbase + {PACKAGES.count(',') + 1} packages) from {MIRROR}; "
+        "about a minute"
+    )
     log = paths.LOG_DIR / "debootstrap.log"
     with log.open("w") as out:
-        argv = ["debootstrap", "--variant=minbase", f"--include={PACKAGES}", paths.TEMPLATE_SUITE, str(root), MIRROR]
+        argv = [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={PACKAGES}",
+            paths.TEMPLATE_SUITE,
+            str(root),
+            MIRROR,
+        ]
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert p.stdout is not None
         last = 0.0
@@ -81,15 +99,28 @@ def build_template(force: bool = False) -> bool:
     _customise(root)
     say("packing the template (tar + zstd)")
     tmp = target.with_suffix(".partial")
-    r = run(["sh", "-c", f"tar -C '{root}' --numeric-owner --xattrs --exclude='./dev/*' -cf - . | zstd -q -T0 -3 -o '{tmp}'"
-             ], timeout=600)
+    r = run(
+        [
+            "sh",
+            "-c",
+            f"tar -C '{root}' --numeric-owner --xattrs --exclude='./dev/*' -cf - . "
+            f"| zstd -q -T0 -3 -o '{tmp}'",
+        ],
+        timeout=600,
+    )
     if not r.ok:
         raise RuntimeError(f"packing the template failed: {r.detail()}")
     tmp.replace(target)
     shutil.rmtree(work)
-    meta = {"suite": paths.TEMPLATE_SUITE, "packages": PACKAGES, "mirror": MIRROR, "ca_sha256": ca_digest(),
-            "ca_files": [p.name for p in extra_cas()], "built_at": int(time.time()),
-            "build_seconds": round(time.monotonic() - t0, 1)}
+    meta = {
+        "suite": paths.TEMPLATE_SUITE,
+        "packages": PACKAGES,
+        "mirror": MIRROR,
+        "ca_sha256": ca_digest(),
+        "ca_files": [p.name for p in extra_cas()],
+        "built_at": int(time.time()),
+        "build_seconds": round(time.monotonic() - t0, 1),
+    }
     TEMPLATE_META.write_text(json.dumps(meta, indent=2) + "\n")
     say(f"template {paths.TEMPLATE_VOLID} built in {meta['build_seconds']} s")
     return True

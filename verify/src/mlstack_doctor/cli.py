@@ -34,23 +34,48 @@ tiers:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="mlstack-doctor", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="mlstack-doctor",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--tier", choices=engine.TIERS, default="quick")
     p.add_argument("--model", default=None, help="tiny | 27b | PATH (default: tiny)")
     gpu = p.add_mutually_exclusive_group()
-    gpu.add_argument("--expect-gpu", dest="expect_gpu", action="store_true", default=True,
-                     help="a GPU must be usable (default)")
-    gpu.add_argument("--no-gpu", dest="expect_gpu", action="store_false",
-                     help="CPU-only host: GPU probes skip, the toolchain and packages are still checked")
-    p.add_argument("--profile", default="default",
-                   help="expected versions: 'default' or a uv.lock / a directory holding one")
+    gpu.add_argument(
+        "--expect-gpu",
+        dest="expect_gpu",
+        action="store_true",
+        default=True,
+        help="a GPU must be usable (default)",
+    )
+    gpu.add_argument(
+        "--no-gpu",
+        dest="expect_gpu",
+        action="store_false",
+        help="CPU-only host: GPU probes skip, the toolchain and packages are still checked",
+    )
+    p.add_argument(
+        "--profile",
+        default="default",
+        help="expected versions: 'default' or a uv.lock / a directory holding one",
+    )
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout (no table)")
     p.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")
     p.add_argument("--threads", type=int, default=4, help="stress tier: threads over the GPUs (default 4)")
-    p.add_argument("--tokens", type=int, default=2048, help="full tier: tokens in the timed forward (default 2048)")
-    p.add_argument("--no-peak", dest="measure_peak", action="store_false", help="skip the bf16 matmul peak measurement")
+    p.add_argument(
+        "--tokens", type=int, default=2048, help="full tier: tokens in the timed forward (default 2048)"
+    )
+    p.add_argument(
+        "--no-peak", dest="measure_peak", action="store_false", help="skip the bf16 matmul peak measurement"
+    )
     p.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every probe timeout")
+    p.add_argument(
+        "--only",
+        metavar="PROBE[,PROBE]",
+        default=None,
+        help="run only these probes (debugging: prerequisites that are not listed do not gate them)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--version", action="version", version=f"mlstack-doctor {__version__}")
     return p
@@ -85,21 +110,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads < 1 or args.tokens < 1:
         sys.stderr.write("mlstack-doctor: cannot run: --threads and --tokens must be >= 1\n")
         return EXIT_CANNOT_RUN
+    names = {p.name for p in engine.PROBES}
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    if only and not set(only) <= names:
+        sys.stderr.write(f"mlstack-doctor: cannot run: unknown probe(s) {sorted(set(only) - names)}\n")
+        return EXIT_CANNOT_RUN
     opts = Options(
-        tier=args.tier, expect_gpu=args.expect_gpu, model=args.model, profile=prof, threads=args.threads,
-        tokens=args.tokens, timeout_scale=args.timeout_scale, measure_peak=args.measure_peak,
+        tier=args.tier,
+        expect_gpu=args.expect_gpu,
+        model=args.model,
+        profile=prof,
+        threads=args.threads,
+        tokens=args.tokens,
+        timeout_scale=args.timeout_scale,
+        measure_peak=args.measure_peak,
+        only=only,
     )
     ctx = Context(opts)
     started = render.now()
     try:
         results = engine.run(ctx, _progress(args.quiet), _done(args.quiet))
-    except Exception:  # noqa: BLE001 - the doctor's own bug: exit 2, never a false verdict
+    except Exception:
         sys.stderr.write("mlstack-doctor: internal error, cannot run:\n" + traceback.format_exc())
         return EXIT_CANNOT_RUN
     summary = engine.summarize(results)
-    options = {"tier": args.tier, "expect_gpu": args.expect_gpu, "model": args.model, "profile": args.profile,
-               "threads": args.threads, "tokens": args.tokens,
-               "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR")}
+    options = {
+        "tier": args.tier,
+        "expect_gpu": args.expect_gpu,
+        "model": args.model,
+        "profile": args.profile,
+        "threads": args.threads,
+        "tokens": args.tokens,
+        "only": only,
+        "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
+    }
     doc = render.report(args.tier, options, started, results, summary)
     if args.output:
         try:

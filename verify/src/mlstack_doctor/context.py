@@ -21,6 +21,7 @@ class Options:
     stress_tokens: int = 256
     timeout_scale: float = 1.0
     measure_peak: bool = True
+    only: list[str] | None = None
 
 
 @dataclass

@@ -31,11 +31,13 @@ CODES: dict[str, Code] = {
     ),
     "NVIDIA_NODE_PERMISSION": Code(
         "the device nodes exist but this user cannot open them",
-        "chmod 0666 /dev/nvidia* (or pct set <vmid> --devN path=...,mode=0666), or add the user to the group owning them",
+        "chmod 0666 /dev/nvidia* (or pct set <vmid> --devN path=...,mode=0666), "
+        "or add the user to the group owning them",
     ),
     "NVIDIA_UVM_MISSING": Code(
         "/dev/nvidia-uvm is missing: CUDA allocations will fail",
-        "on the host: nvidia-modprobe -u -c=0, then pass /dev/nvidia-uvm and /dev/nvidia-uvm-tools to the container",
+        "on the host: nvidia-modprobe -u -c=0, then pass /dev/nvidia-uvm and /dev/nvidia-uvm-tools "
+        "to the container",
     ),
     "NVML_UNAVAILABLE": Code(
         "libnvidia-ml.so.1 could not be loaded or initialised: the driver's user-space libraries are missing",
@@ -43,11 +45,13 @@ CODES: dict[str, Code] = {
     ),
     "LIBCUDA_NOT_FOUND": Code(
         "libcuda.so.1 is not in the linker cache (ldconfig -p), so Triton cannot link its helper",
-        "ldconfig (after installing the driver libraries), or export TRITON_LIBCUDA_PATH=<dir holding libcuda.so.1>",
+        "ldconfig (after installing the driver libraries), "
+        "or export TRITON_LIBCUDA_PATH=<dir holding libcuda.so.1>",
     ),
     "DRIVER_API_MISMATCH": Code(
         "the user-space driver libraries differ from the kernel module (NVRM: API mismatch)",
-        "install user-space driver libraries of exactly version {kernel_driver} (the host module's) in this container",
+        "install user-space driver libraries of exactly version {kernel_driver} (the host module's) "
+        "in this container",
     ),
     "CUDA_HIDDEN": Code(
         "CUDA_VISIBLE_DEVICES is set but selects no GPU",
@@ -132,10 +136,13 @@ CODES: dict[str, Code] = {
         "install tilelang ({python} -m pip install tilelang) or a triton/FLA pair known to be correct",
     ),
     # model
-    "MODEL_PATH_MISSING": Code("the --model path does not exist", "pass an existing directory or config.json, or --model tiny"),
+    "MODEL_PATH_MISSING": Code(
+        "the --model path does not exist", "pass an existing directory or config.json, or --model tiny"
+    ),
     "MODEL_CONFIG_CORRUPT": Code(
         "config.json cannot be parsed or lacks required fields",
-        "re-download config.json of the model (huggingface-cli download <repo> config.json --local-dir {model_dir})",
+        "re-download config.json of the model "
+        "(huggingface-cli download <repo> config.json --local-dir {model_dir})",
     ),
     "MODEL_TYPE_UNKNOWN": Code(
         "this transformers does not know the model type",
@@ -149,21 +156,33 @@ CODES: dict[str, Code] = {
         "the model does not fit in the GPU's free memory",
         "use a GPU with more memory, free it (nvidia-smi), or run a smaller --model (e.g. tiny)",
     ),
-    "GPU_OUT_OF_MEMORY": Code("CUDA ran out of memory", "free GPU memory (nvidia-smi) or use a smaller --model / --tokens"),
+    "GPU_OUT_OF_MEMORY": Code(
+        "CUDA ran out of memory", "free GPU memory (nvidia-smi) or use a smaller --model / --tokens"
+    ),
     "NONFINITE_LOGITS": Code(
         "the forward produced NaN or Inf logits",
         "check the weights (re-download) and the kernels (run the fla_kernel probe alone)",
     ),
-    "LOGITS_SHAPE_WRONG": Code("the logits have an unexpected shape", "check config.json (vocab_size) against the weights"),
+    "LOGITS_SHAPE_WRONG": Code(
+        "the logits have an unexpected shape", "check config.json (vocab_size) against the weights"
+    ),
     # stress
     "AUTOTUNER_RACE": Code(
         "Triton's autotuner raced with several threads on a cold cache (triton-lang/triton#11494)",
-        "warm the cache with one thread first (mlstack-doctor --tier full --model <your config>) with the same "
+        "warm the cache with one thread first (mlstack-doctor --tier full --model <your config>) "
+        "with the same "
         "TRITON_CACHE_DIR, or serialise the first forward of each kernel",
     ),
-    "STRESS_FAILED": Code("a concurrent forward failed", "read evidence.errors"),
+    "CONCURRENT_INIT_RACE": Code(
+        "concurrent first forwards raced in a lazy initialisation "
+        "(the same threads pass after one warm-up forward)",
+        "run one forward on one thread first (warm-up), then start the other threads",
+    ),
+    "STRESS_FAILED": Code("a concurrent forward failed", "read evidence.cold.errors"),
     # generic
-    "PROBE_TIMEOUT": Code("the probe did not finish in time", "rerun with --timeout-scale 3; a hung GPU needs nvidia-smi"),
+    "PROBE_TIMEOUT": Code(
+        "the probe did not finish in time", "rerun with --timeout-scale 3; a hung GPU needs nvidia-smi"
+    ),
     "PROBE_CRASHED": Code(
         "the probe's worker process died without an answer (segfault, killed)",
         "read evidence.stderr_tail; dmesg may name the cause",
@@ -177,15 +196,30 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
     ("NO_PYTHON_H", re.compile(r"Python\.h: No such file")),
     ("NO_C_COMPILER", re.compile(r"Failed to find C compiler")),
     ("DRIVER_API_MISMATCH", re.compile(r"API mismatch|driver/library version mismatch", re.I)),
-    ("LIBCUDA_NOT_FOUND", re.compile(r"libcuda\.so cannot found|cannot find -lcuda|libcuda\.so\.1: cannot open", re.I)),
+    (
+        "LIBCUDA_NOT_FOUND",
+        re.compile(r"libcuda\.so cannot found|cannot find -lcuda|libcuda\.so\.1: cannot open", re.I),
+    ),
     ("AUTOTUNER_RACE", re.compile(r"'NoneType' object is not a mapping")),
     ("GPU_OUT_OF_MEMORY", re.compile(r"CUDA out of memory|OutOfMemoryError")),
-    ("TRITON_CACHE_UNWRITABLE", re.compile(r"(Read-only file system|Permission denied|Not a directory).*(triton|cache)", re.I)),
+    (
+        "TRITON_CACHE_UNWRITABLE",
+        re.compile(r"(Read-only file system|Permission denied|Not a directory).*(triton|cache)", re.I),
+    ),
     ("TRITON_NO_DRIVER", re.compile(r"0 active drivers")),
-    ("CUDA_UNAVAILABLE", re.compile(
-        r"no CUDA-capable device|CUDA driver initialization failed|Found no NVIDIA driver|cudaErrorNoDevice|"
-        r"CUDA_ERROR_NO_DEVICE|Torch not compiled with CUDA", re.I)),
-    ("MODEL_TYPE_UNKNOWN", re.compile(r"Unrecognized model|does not recognize this architecture|model_type", re.I)),
+    (
+        "CUDA_UNAVAILABLE",
+        re.compile(
+            r"no CUDA-capable device|CUDA driver initialization failed|Found no NVIDIA driver|"
+            r"cudaErrorNoDevice|"
+            r"CUDA_ERROR_NO_DEVICE|Torch not compiled with CUDA",
+            re.I,
+        ),
+    ),
+    (
+        "MODEL_TYPE_UNKNOWN",
+        re.compile(r"Unrecognized model|does not recognize this architecture|model_type", re.I),
+    ),
     ("PACKAGE_MISSING", re.compile(r"No module named '([\w.]+)'")),
 ]
 
@@ -195,7 +229,11 @@ def classify(text: str, default: str, *, compiler_env: bool = False) -> str:
 
     `compiler_env` says the text comes from running $CC: then a missing binary means CC_INVALID.
     """
-    if compiler_env and re.search(r"No such file or directory: '[^']*'|\[Errno 2\]", text) and "Python.h" not in text:
+    if (
+        compiler_env
+        and re.search(r"No such file or directory: '[^']*'|\[Errno 2\]", text)
+        and "Python.h" not in text
+    ):
         return "CC_INVALID"
     for code, pattern in _RULES:
         if pattern.search(text):

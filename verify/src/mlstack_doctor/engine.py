@@ -8,8 +8,8 @@ chain), so summary.root_cause is always the first failure.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from mlstack_doctor.context import Context
 from mlstack_doctor.probes import gpu, host, model, packages, toolchain
@@ -36,32 +36,77 @@ PROBES: tuple[Probe, ...] = (
     Probe("cuda_visible_devices", Stage.HOST, host.cuda_visible_devices, gpu=True),
     Probe("c_compiler", Stage.TOOLCHAIN, toolchain.c_compiler),
     Probe("python_headers", Stage.TOOLCHAIN, toolchain.python_headers),
-    Probe("c_extension_build", Stage.TOOLCHAIN, toolchain.c_extension_build, ("c_compiler", "python_headers")),
+    Probe(
+        "c_extension_build", Stage.TOOLCHAIN, toolchain.c_extension_build, ("c_compiler", "python_headers")
+    ),
     Probe("triton_cache_dir", Stage.TOOLCHAIN, toolchain.triton_cache_dir),
     Probe("package_versions", Stage.PACKAGES, packages.package_versions),
     Probe("torch_triton_pin", Stage.PACKAGES, packages.torch_triton_pin),
     Probe("causal_conv1d", Stage.PACKAGES, packages.causal_conv1d),
-    Probe("torch_cuda", Stage.TORCH, gpu.torch_cuda, ("nvidia_device_nodes", "nvidia_driver", "cuda_visible_devices"),
-          ("torch",), gpu=True, slow=True),
-    Probe("triton_target", Stage.TRITON, gpu.triton_target, ("torch_cuda", "c_extension_build"), ("triton",),
-          gpu=True, slow=True),
+    Probe(
+        "torch_cuda",
+        Stage.TORCH,
+        gpu.torch_cuda,
+        ("nvidia_device_nodes", "nvidia_driver", "cuda_visible_devices"),
+        ("torch",),
+        gpu=True,
+        slow=True,
+    ),
+    Probe(
+        "triton_target",
+        Stage.TRITON,
+        gpu.triton_target,
+        ("torch_cuda", "c_extension_build"),
+        ("triton",),
+        gpu=True,
+        slow=True,
+    ),
     Probe("fla_device", Stage.FLA, gpu.fla_device, ("triton_target",), ("fla-core",), gpu=True, slow=True),
-    Probe("fla_kernel", Stage.FLA, gpu.fla_kernel, ("fla_device", "triton_cache_dir"), ("fla-core",), gpu=True,
-          slow=True),
-    Probe("gdn_backward", Stage.TRAINING, gpu.gdn_backward, ("fla_kernel",), ("fla-core",), gpu=True, slow=True),
+    Probe(
+        "fla_kernel",
+        Stage.FLA,
+        gpu.fla_kernel,
+        ("fla_device", "triton_cache_dir"),
+        ("fla-core",),
+        gpu=True,
+        slow=True,
+    ),
+    Probe(
+        "gdn_backward", Stage.TRAINING, gpu.gdn_backward, ("fla_kernel",), ("fla-core",), gpu=True, slow=True
+    ),
     Probe("model_config", Stage.MODEL, model.model_config, slow=True),
-    Probe("model_forward", Stage.MODEL, model.model_forward,
-          ("model_config", "torch_cuda", "triton_target", "fla_kernel", "triton_cache_dir"), ("torch", "transformers"),
-          gpu=True, min_tier="full", slow=True),
-    Probe("autotune_stress", Stage.STRESS, model.autotune_stress,
-          ("model_config", "torch_cuda", "triton_target", "fla_kernel"), ("torch", "transformers"),
-          gpu=True, min_tier="stress", slow=True),
+    Probe(
+        "model_forward",
+        Stage.MODEL,
+        model.model_forward,
+        ("model_config", "torch_cuda", "triton_target", "fla_kernel", "triton_cache_dir"),
+        ("torch", "transformers"),
+        gpu=True,
+        min_tier="full",
+        slow=True,
+    ),
+    Probe(
+        "autotune_stress",
+        Stage.STRESS,
+        model.autotune_stress,
+        ("model_config", "torch_cuda", "triton_target", "fla_kernel"),
+        ("torch", "transformers"),
+        gpu=True,
+        min_tier="stress",
+        slow=True,
+    ),
 )
 
 
 def selected(tier: str) -> list[Probe]:
     rank = TIERS.index(tier)
     return [p for p in PROBES if TIERS.index(p.min_tier) <= rank]
+
+
+def plan(ctx: Context) -> list[Probe]:
+    if ctx.opts.only:
+        return [p for p in PROBES if p.name in ctx.opts.only]
+    return selected(ctx.opts.tier)
 
 
 def _root(ctx: Context, dep: str) -> str:
@@ -85,18 +130,25 @@ def gate(ctx: Context, probe: Probe) -> Result | None:
         elif code:
             why += f" ({code})"
         return skipped(probe.name, probe.stage, f"skipped: {why}", skipped_by=root)
-    installed = ctx.facts.get("installed", {})
+    installed = ctx.facts.get("installed") or {d: packages.installed(d) for d in probe.needs_packages}
     for dist in probe.needs_packages:
         if installed.get(dist) is None:
-            by = "package_versions" if ctx.results.get("package_versions", None) and \
-                ctx.results["package_versions"].status is Status.FAIL else None
+            by = (
+                "package_versions"
+                if ctx.results.get("package_versions", None)
+                and ctx.results["package_versions"].status is Status.FAIL
+                else None
+            )
             return skipped(probe.name, probe.stage, f"skipped: {dist} is not installed", skipped_by=by)
     return None
 
 
-def run(ctx: Context, progress: Callable[[int, int, Probe], None] | None = None,
-        done: Callable[[Result], None] | None = None) -> list[Result]:
-    probes = selected(ctx.opts.tier)
+def run(
+    ctx: Context,
+    progress: Callable[[int, int, Probe], None] | None = None,
+    done: Callable[[Result], None] | None = None,
+) -> list[Result]:
+    probes = plan(ctx)
     out: list[Result] = []
     for i, probe in enumerate(probes):
         result = gate(ctx, probe)
@@ -116,8 +168,17 @@ def run(ctx: Context, progress: Callable[[int, int, Probe], None] | None = None,
 def summarize(results: list[Result]) -> dict[str, object]:
     counts = {s: sum(1 for r in results if r.status is s) for s in Status}
     first = next((r for r in results if r.status is Status.FAIL), None)
-    root = {"probe": first.name, "stage": first.stage.value, "code": first.code, "fix": first.fix,
-            "summary": first.summary} if first else None
+    root = (
+        {
+            "probe": first.name,
+            "stage": first.stage.value,
+            "code": first.code,
+            "fix": first.fix,
+            "summary": first.summary,
+        }
+        if first
+        else None
+    )
     return {
         "passed": counts[Status.PASS],
         "failed": counts[Status.FAIL],

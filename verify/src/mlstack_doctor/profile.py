@@ -60,13 +60,16 @@ def _parse_lock_minimal(text: str) -> tuple[dict[str, str], dict[str, str]]:
             packages[name] = m.group(2)
     overrides = {}
     for m in re.finditer(r'\{\s*name\s*=\s*"([^"]+)"\s*,\s*specifier\s*=\s*"([^"]*)"\s*\}', text):
-        if "overrides" in text[: m.start()].rsplit("[", 1)[-1] or "override" in text[max(0, m.start() - 200) : m.start()]:
+        if (
+            "overrides" in text[: m.start()].rsplit("[", 1)[-1]
+            or "override" in text[max(0, m.start() - 200) : m.start()]
+        ):
             overrides[normalize(m.group(1))] = m.group(2)
     return packages, overrides
 
 
 def _parse_lock(text: str) -> tuple[dict[str, str], dict[str, str]]:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - the doctor supports 3.10 (no tomllib)
         return _parse_lock_minimal(text)
     import tomllib
 

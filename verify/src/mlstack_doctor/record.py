@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-class Status(str, enum.Enum):
+class Status(str, enum.Enum):  # noqa: UP042 - StrEnum needs 3.11; the doctor runs on 3.10
     PASS = "pass"
     FAIL = "fail"
     WARN = "warn"
     SKIP = "skip"
 
 
-class Stage(str, enum.Enum):
+class Stage(str, enum.Enum):  # noqa: UP042
     HOST = "host"
     TOOLCHAIN = "toolchain"
     PACKAGES = "packages"
@@ -58,7 +58,9 @@ def passed(name: str, stage: Stage, summary: str, **evidence: Any) -> Result:
     return Result(name, stage, Status.PASS, summary, evidence)
 
 
-def warned(name: str, stage: Stage, summary: str, code: str | None, fix: str | None, **evidence: Any) -> Result:
+def warned(
+    name: str, stage: Stage, summary: str, code: str | None, fix: str | None, **evidence: Any
+) -> Result:
     return Result(name, stage, Status.WARN, summary, evidence, code=code, fix=fix)
 
 

@@ -7,7 +7,7 @@ import os
 import platform
 import socket
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -20,7 +20,7 @@ COLOR = {Status.PASS: "green", Status.FAIL: "bold red", Status.WARN: "yellow", S
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def host_info() -> dict[str, Any]:
@@ -40,7 +40,9 @@ def host_info() -> dict[str, Any]:
     }
 
 
-def report(tier: str, options: dict[str, Any], started: str, results: list[Result], summary: dict[str, Any]) -> dict:
+def report(
+    tier: str, options: dict[str, Any], started: str, results: list[Result], summary: dict[str, Any]
+) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "mlstack-doctor", "version": __version__},
@@ -63,10 +65,21 @@ def _has_rich() -> bool:
 
 
 def _plain(results: list[Result], summary: dict[str, Any], out: TextIO) -> None:
-    rows = [(MARK[r.status], r.stage.value, r.name, f"{r.duration_s:.1f}s" if r.duration_s >= 0.05 else "",
-             (r.code or "") , r.summary) for r in results]
-    widths = [max(len(str(row[i])) for row in rows + [("STATUS", "STAGE", "PROBE", "TIME", "CODE", "")])
-              for i in range(5)]
+    rows = [
+        (
+            MARK[r.status],
+            r.stage.value,
+            r.name,
+            f"{r.duration_s:.1f}s" if r.duration_s >= 0.05 else "",
+            (r.code or ""),
+            r.summary,
+        )
+        for r in results
+    ]
+    widths = [
+        max(len(str(row[i])) for row in [*rows, ("STATUS", "STAGE", "PROBE", "TIME", "CODE", "")])
+        for i in range(5)
+    ]
     head = ("STATUS", "STAGE", "PROBE", "TIME", "CODE", "DETAIL")
     out.write("  ".join(h.ljust(widths[i]) if i < 5 else h for i, h in enumerate(head)) + "\n")
     for row in rows:
@@ -78,10 +91,16 @@ def _plain(results: list[Result], summary: dict[str, Any], out: TextIO) -> None:
 
 
 def _verdict(summary: dict[str, Any], out: TextIO) -> None:
-    counts = f"{summary['passed']} passed, {summary['failed']} failed, {summary['warned']} warned, {summary['skipped']} skipped"
+    counts = (
+        f"{summary['passed']} passed, {summary['failed']} failed, "
+        f"{summary['warned']} warned, {summary['skipped']} skipped"
+    )
     root = summary.get("root_cause")
     if root:
-        out.write(f"\nROOT CAUSE: {root['probe']} [{root['code']}] {root['summary']}\nFIX: {root['fix']}\n{counts}\n")
+        out.write(
+            f"\nROOT CAUSE: {root['probe']} [{root['code']}] {root['summary']}\n"
+            f"FIX: {root['fix']}\n{counts}\n"
+        )
     else:
         out.write(f"\nOK: the stack works ({counts})\n")
 
@@ -100,8 +119,14 @@ def table(results: list[Result], summary: dict[str, Any], out: TextIO, use_rich:
     for col in ("status", "stage", "probe", "time", "code", "detail"):
         t.add_column(col, overflow="fold")
     for r in results:
-        t.add_row(f"[{COLOR[r.status]}]{MARK[r.status]}[/]", r.stage.value, r.name,
-                  f"{r.duration_s:.1f}s" if r.duration_s >= 0.05 else "", r.code or "", r.summary)
+        t.add_row(
+            f"[{COLOR[r.status]}]{MARK[r.status]}[/]",
+            r.stage.value,
+            r.name,
+            f"{r.duration_s:.1f}s" if r.duration_s >= 0.05 else "",
+            r.code or "",
+            r.summary,
+        )
     console.print(t)
     for r in results:
         if r.status in (Status.FAIL, Status.WARN) and r.fix:

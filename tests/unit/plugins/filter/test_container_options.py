@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import pytest
 from ansible.errors import AnsibleFilterError
-
 from ansible_collections.mlstack.pve.plugins.filter import container_options as f
 
 NODES = [

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from ansible_collections.mlstack.pve.plugins.module_utils import pct
 
 CONFIG = """arch: amd64

@@ -11,19 +11,37 @@ from mlstack_doctor.diagnosis import classify, fix_for
 from mlstack_doctor.record import Result, Stage, failed, passed
 
 
-def _fail(name: str, stage: Stage, ctx: Context, res: runner.WorkerResult, default: str, what: str, **ev: object) -> Result:
+def _fail(
+    name: str, stage: Stage, ctx: Context, res: runner.WorkerResult, default: str, what: str, **ev: object
+) -> Result:
+    # The exception first, then the worker's stderr: a compiler Triton ran prints the specific cause there
+    # ("fatal error: Python.h: No such file or directory") while the exception only says CalledProcessError.
+    text = res.error_text + "\n" + res.run.stderr[-20000:]
     if res.run.timed_out:
         code = "PROBE_TIMEOUT"
     elif not res.answered:
-        code = classify(res.error_text, "PROBE_CRASHED")
+        code = classify(text, "PROBE_CRASHED")
     else:
-        code = classify(res.error_text, default)
+        code = classify(text, default)
     ev = {**ev, **res.evidence()}
-    fix = fix_for(code, python=ctx.python, py_ver=ctx.py_ver, kernel_driver=ctx.facts.get("kernel_driver"),
-                  cache_dir=ctx.facts.get("triton_cache_dir"), package=res.error_text.split("'")[1]
-                  if code == "PACKAGE_MISSING" and "'" in res.error_text else "<package>")
-    return failed(name, stage, f"{what}: {res.error_text.strip().splitlines()[-1][:300] if res.error_text.strip() else '?'}",
-                  code, fix, **ev)
+    fix = fix_for(
+        code,
+        python=ctx.python,
+        py_ver=ctx.py_ver,
+        kernel_driver=ctx.facts.get("kernel_driver"),
+        cache_dir=ctx.facts.get("triton_cache_dir"),
+        package=res.error_text.split("'")[1]
+        if code == "PACKAGE_MISSING" and "'" in res.error_text
+        else "<package>",
+    )
+    return failed(
+        name,
+        stage,
+        f"{what}: {res.error_text.strip().splitlines()[-1][:300] if res.error_text.strip() else '?'}",
+        code,
+        fix,
+        **ev,
+    )
 
 
 def torch_cuda(ctx: Context) -> Result:
@@ -31,15 +49,25 @@ def torch_cuda(ctx: Context) -> Result:
     res = runner.run_worker("w_torch_cuda.py", {}, timeout=ctx.timeout(120))
     data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
     if not res.ok:
-        default = "TORCH_NO_CUDA" if res.data.get("torch_cuda") is None and res.answered else "CUDA_UNAVAILABLE"
+        default = (
+            "TORCH_NO_CUDA" if res.data.get("torch_cuda") is None and res.answered else "CUDA_UNAVAILABLE"
+        )
         return _fail(name, stage, ctx, res, default, "torch cannot use CUDA", **data)
     ctx.facts["gpus"] = data["gpus"]
     if not data.get("device_count"):
         return failed(name, stage, "torch sees 0 GPUs", "CUDA_HIDDEN", fix_for("CUDA_HIDDEN"), **data)
     if not data.get("matmul_ok"):
-        return failed(name, stage, f"a GPU matmul disagrees with the CPU (rel err {data['matmul_rel_err']:.2e})",
-                      "CUDA_UNAVAILABLE", fix_for("CUDA_UNAVAILABLE"), **data)
-    gpus = ", ".join(f"{g['name']} (sm_{g['capability'].replace('.', '')}, {g['memory_gib']} GiB)" for g in data["gpus"])
+        return failed(
+            name,
+            stage,
+            f"a GPU matmul disagrees with the CPU (rel err {data['matmul_rel_err']:.2e})",
+            "CUDA_UNAVAILABLE",
+            fix_for("CUDA_UNAVAILABLE"),
+            **data,
+        )
+    gpus = ", ".join(
+        f"{g['name']} (sm_{g['capability'].replace('.', '')}, {g['memory_gib']} GiB)" for g in data["gpus"]
+    )
     return passed(name, stage, f"torch {data['torch']} CUDA {data['torch_cuda']}: {gpus}", **data)
 
 
@@ -48,18 +76,32 @@ def triton_target(ctx: Context) -> Result:
     name, stage = "triton_target", Stage.TRITON
     fresh = tempfile.mkdtemp(prefix="mlstack-doctor-triton-")
     try:
-        res = runner.run_worker("w_triton_target.py", {}, timeout=ctx.timeout(180), env={"TRITON_CACHE_DIR": fresh})
+        res = runner.run_worker(
+            "w_triton_target.py", {}, timeout=ctx.timeout(180), env={"TRITON_CACHE_DIR": fresh}
+        )
     finally:
         shutil.rmtree(fresh, ignore_errors=True)
     data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
     data["fresh_cache_dir"] = fresh
     if not res.ok:
-        return _fail(name, stage, ctx, res, "TRITON_TARGET_FAILED", "Triton get_current_target() failed", **data)
+        return _fail(
+            name, stage, ctx, res, "TRITON_TARGET_FAILED", "Triton get_current_target() failed", **data
+        )
     if data.get("backend") != "cuda":
-        return failed(name, stage, f"Triton backend is {data.get('backend')!r}, not 'cuda'", "TRITON_TARGET_FAILED",
-                      fix_for("TRITON_TARGET_FAILED", python=ctx.python), **data)
-    return passed(name, stage, f"triton {data['triton']}: {data['target']} (fresh cache, {res.run.duration_s:.1f} s)",
-                  **data)
+        return failed(
+            name,
+            stage,
+            f"Triton backend is {data.get('backend')!r}, not 'cuda'",
+            "TRITON_TARGET_FAILED",
+            fix_for("TRITON_TARGET_FAILED", python=ctx.python),
+            **data,
+        )
+    return passed(
+        name,
+        stage,
+        f"triton {data['triton']}: {data['target']} (fresh cache, {res.run.duration_s:.1f} s)",
+        **data,
+    )
 
 
 def fla_device(ctx: Context) -> Result:
@@ -67,12 +109,23 @@ def fla_device(ctx: Context) -> Result:
     res = runner.run_worker("w_fla.py", {"mode": "device"}, timeout=ctx.timeout(180))
     data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
     if res.answered and res.data.get("fla_device") == "cpu":
-        return failed(name, stage, f"FLA picked device 'cpu'; Triton says: {data.get('triton_exception')}", "FLA_ON_CPU",
-                      fix_for("FLA_ON_CPU"), **data, **res.evidence())
+        return failed(
+            name,
+            stage,
+            f"FLA picked device 'cpu'; Triton says: {data.get('triton_exception')}",
+            "FLA_ON_CPU",
+            fix_for("FLA_ON_CPU"),
+            **data,
+            **res.evidence(),
+        )
     if not res.ok:
         return _fail(name, stage, ctx, res, "FLA_ON_CPU", "FLA import failed", **data)
-    return passed(name, stage, f"fla-core {data['fla_core']}: device {data['fla_device']!r}, Triton {data.get('triton_target')}",
-                  **data)
+    return passed(
+        name,
+        stage,
+        f"fla-core {data['fla_core']}: device {data['fla_device']!r}, Triton {data.get('triton_target')}",
+        **data,
+    )
 
 
 def fla_kernel(ctx: Context) -> Result:
@@ -80,13 +133,24 @@ def fla_kernel(ctx: Context) -> Result:
     res = runner.run_worker("w_fla.py", {"mode": "kernel"}, timeout=ctx.timeout(300))
     data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
     if res.answered and res.data.get("mismatch"):
-        return failed(name, stage, f"chunk_gated_delta_rule forward differs from the torch reference "
-                      f"(rel err {data['fwd_rel_err']:.2e} > {data['tol']})", "FLA_KERNEL_MISMATCH",
-                      fix_for("FLA_KERNEL_MISMATCH"), **data)
+        return failed(
+            name,
+            stage,
+            f"chunk_gated_delta_rule forward differs from the torch reference "
+            f"(rel err {data['fwd_rel_err']:.2e} > {data['tol']})",
+            "FLA_KERNEL_MISMATCH",
+            fix_for("FLA_KERNEL_MISMATCH"),
+            **data,
+        )
     if not res.ok:
         return _fail(name, stage, ctx, res, "FLA_KERNEL_FAILED", "chunk_gated_delta_rule failed", **data)
-    return passed(name, stage, f"chunk_gated_delta_rule fwd matches the float64 reference (rel err "
-                  f"{data['fwd_rel_err']:.1e}) in {res.run.duration_s:.1f} s", **data)
+    return passed(
+        name,
+        stage,
+        f"chunk_gated_delta_rule fwd matches the float64 reference (rel err "
+        f"{data['fwd_rel_err']:.1e}) in {res.run.duration_s:.1f} s",
+        **data,
+    )
 
 
 def gdn_backward(ctx: Context) -> Result:
@@ -94,9 +158,17 @@ def gdn_backward(ctx: Context) -> Result:
     res = runner.run_worker("w_fla.py", {"mode": "backward"}, timeout=ctx.timeout(400))
     data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
     if res.answered and res.data.get("mismatch"):
-        return failed(name, stage, f"Gated DeltaNet {data['mismatch']} differs from the torch reference",
-                      "FLA_BACKWARD_MISMATCH", fix_for("FLA_BACKWARD_MISMATCH", python=ctx.python), **data)
+        return failed(
+            name,
+            stage,
+            f"Gated DeltaNet {data['mismatch']} differs from the torch reference",
+            "FLA_BACKWARD_MISMATCH",
+            fix_for("FLA_BACKWARD_MISMATCH", python=ctx.python),
+            **data,
+        )
     if not res.ok:
         return _fail(name, stage, ctx, res, "FLA_KERNEL_FAILED", "Gated DeltaNet backward failed", **data)
     worst = max(data["grad_rel_err"].values())
-    return passed(name, stage, f"Gated DeltaNet fwd+bwd match the reference (worst grad rel err {worst:.1e})", **data)
+    return passed(
+        name, stage, f"Gated DeltaNet fwd+bwd match the reference (worst grad rel err {worst:.1e})", **data
+    )

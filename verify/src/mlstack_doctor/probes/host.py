@@ -60,7 +60,14 @@ def device_nodes(ctx: Context) -> Result:
     if not nodes:
         if not expect:
             return passed(name, stage, "no NVIDIA device nodes (none expected: --no-gpu)", **ev)
-        return failed(name, stage, "no /dev/nvidia* device nodes", "NVIDIA_NODE_MISSING", fix_for("NVIDIA_NODE_MISSING"), **ev)
+        return failed(
+            name,
+            stage,
+            "no /dev/nvidia* device nodes",
+            "NVIDIA_NODE_MISSING",
+            fix_for("NVIDIA_NODE_MISSING"),
+            **ev,
+        )
     verdict = warned if not expect else None
     no_driver = [n["path"] for n in nodes if n.get("open") in ("ENXIO", "ENODEV")]
     denied = [n["path"] for n in nodes if n.get("open") in ("EACCES", "EPERM")]
@@ -77,8 +84,12 @@ def device_nodes(ctx: Context) -> Result:
             return failed(name, stage, summary, code, fix_for(code), **ev)
     if "/dev/nvidia-uvm" not in paths:
         return warned(
-            name, stage, f"{len(gpus)} GPU node(s) ok, /dev/nvidia-uvm missing", "NVIDIA_UVM_MISSING",
-            fix_for("NVIDIA_UVM_MISSING"), **ev,
+            name,
+            stage,
+            f"{len(gpus)} GPU node(s) ok, /dev/nvidia-uvm missing",
+            "NVIDIA_UVM_MISSING",
+            fix_for("NVIDIA_UVM_MISSING"),
+            **ev,
         )
     return passed(name, stage, f"{len(gpus)} GPU node(s), nvidiactl and nvidia-uvm open fine", **ev)
 
@@ -99,7 +110,11 @@ def _libcuda() -> tuple[list[str], str | None, runner.RunResult]:
     res = runner.run([ldconfig, "-p"], timeout=30)
     override = os.environ.get("TRITON_LIBCUDA_PATH")
     if override:
-        locs = [os.path.join(override, "libcuda.so.1")] if os.path.exists(os.path.join(override, "libcuda.so.1")) else []
+        locs = (
+            [os.path.join(override, "libcuda.so.1")]
+            if os.path.exists(os.path.join(override, "libcuda.so.1"))
+            else []
+        )
     else:
         locs = [line.split()[-1] for line in res.stdout.splitlines() if "libcuda.so.1" in line]
     version = None
@@ -131,16 +146,26 @@ def driver(ctx: Context) -> Result:
         ev.update(nvml.evidence())
         code = classify(nvml.error_text, "NVML_UNAVAILABLE")
         return failed(name, stage, f"NVML: {nvml.error_text}", code, fix_for(code, kernel_driver=kmod), **ev)
-    versions = {k: v for k, v in (("kernel", kmod), ("nvml", ev["nvml_driver"]), ("libcuda", libcuda_ver)) if v}
+    versions = {
+        k: v for k, v in (("kernel", kmod), ("nvml", ev["nvml_driver"]), ("libcuda", libcuda_ver)) if v
+    }
     if len(set(versions.values())) > 1:
         return failed(
-            name, stage, "driver versions differ: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
-            "DRIVER_API_MISMATCH", fix_for("DRIVER_API_MISMATCH", kernel_driver=kmod), **ev,
+            name,
+            stage,
+            "driver versions differ: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+            "DRIVER_API_MISMATCH",
+            fix_for("DRIVER_API_MISMATCH", kernel_driver=kmod),
+            **ev,
         )
     if not locs:
         return failed(
-            name, stage, "libcuda.so.1 not in the linker cache (ldconfig -p)", "LIBCUDA_NOT_FOUND",
-            fix_for("LIBCUDA_NOT_FOUND"), **ev,
+            name,
+            stage,
+            "libcuda.so.1 not in the linker cache (ldconfig -p)",
+            "LIBCUDA_NOT_FOUND",
+            fix_for("LIBCUDA_NOT_FOUND"),
+            **ev,
         )
     return passed(name, stage, f"driver {ev['nvml_driver']} (kernel module, NVML and libcuda agree)", **ev)
 
@@ -165,6 +190,11 @@ def cuda_visible_devices(ctx: Context) -> Result:
         ev["valid"] = valid
     if hidden:
         return failed(
-            name, stage, f"CUDA_VISIBLE_DEVICES={value!r} hides every GPU", "CUDA_HIDDEN", fix_for("CUDA_HIDDEN"), **ev
+            name,
+            stage,
+            f"CUDA_VISIBLE_DEVICES={value!r} hides every GPU",
+            "CUDA_HIDDEN",
+            fix_for("CUDA_HIDDEN"),
+            **ev,
         )
     return passed(name, stage, f"CUDA_VISIBLE_DEVICES={value}", **ev)

@@ -1,4 +1,4 @@
-"""Model stage: the config (parsed, and known to transformers), the forward on the GPU; and the stress tier."""
+"""Model stage: the config (parsed, known to transformers), the forward on the GPU; the stress tier."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
 from mlstack_doctor.peaks import bf16_peak
 from mlstack_doctor.probes.gpu import _fail
+from mlstack_doctor.probes.packages import installed
 from mlstack_doctor.record import Result, Stage, failed, passed, warned
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -22,7 +23,7 @@ WEIGHT_GLOBS = ("*.safetensors", "*.bin")
 
 
 def resolve(spec: str) -> dict[str, Any]:
-    """--model tiny|27b|PATH -> {'config': file, 'weights_dir': dir or None, 'problem': (code, text) or None}."""
+    """--model tiny|27b|PATH -> {'config', 'weights_dir' (or None)} or {'problem': (code, text)}."""
     if spec in BUILTIN:
         return {"config": str(CONFIGS / BUILTIN[spec]), "weights_dir": None, "builtin": spec}
     path = Path(spec)
@@ -62,26 +63,49 @@ def model_config(ctx: Context) -> Result:
         raw = json.loads(Path(cfg_path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         ev["error"] = f"{type(exc).__name__}: {exc}"
-        return failed(name, stage, f"{cfg_path}: {exc}", "MODEL_CONFIG_CORRUPT",
-                      fix_for("MODEL_CONFIG_CORRUPT", model_dir=str(Path(cfg_path).parent)), **ev)
+        return failed(
+            name,
+            stage,
+            f"{cfg_path}: {exc}",
+            "MODEL_CONFIG_CORRUPT",
+            fix_for("MODEL_CONFIG_CORRUPT", model_dir=str(Path(cfg_path).parent)),
+            **ev,
+        )
     text_cfg = raw.get("text_config", raw) if isinstance(raw, dict) else None
     absent = ["model_type"] if not isinstance(raw, dict) or "model_type" not in raw else []
     absent += [k for k in REQUIRED if not isinstance(text_cfg, dict) or k not in text_cfg]
     if absent:
         ev["missing_fields"] = absent
-        return failed(name, stage, f"{cfg_path} lacks {', '.join(absent)}", "MODEL_CONFIG_CORRUPT",
-                      fix_for("MODEL_CONFIG_CORRUPT", model_dir=str(Path(cfg_path).parent)), **ev)
+        return failed(
+            name,
+            stage,
+            f"{cfg_path} lacks {', '.join(absent)}",
+            "MODEL_CONFIG_CORRUPT",
+            fix_for("MODEL_CONFIG_CORRUPT", model_dir=str(Path(cfg_path).parent)),
+            **ev,
+        )
     if where.get("weights_dir"):
         lost = _check_index(where["weights_dir"])
         if lost:
             ev["missing_shards"] = lost
-            return failed(name, stage, f"weights incomplete: {len(lost)} shard(s) missing", "MODEL_CONFIG_CORRUPT",
-                          fix_for("MODEL_CONFIG_CORRUPT", model_dir=where["weights_dir"]), **ev)
+            return failed(
+                name,
+                stage,
+                f"weights incomplete: {len(lost)} shard(s) missing",
+                "MODEL_CONFIG_CORRUPT",
+                fix_for("MODEL_CONFIG_CORRUPT", model_dir=where["weights_dir"]),
+                **ev,
+            )
     ctx.facts["model"] = where
-    installed = ctx.facts.get("installed", {})
-    if installed.get("transformers") is None:
-        return warned(name, stage, f"{raw['model_type']} config parsed; transformers not installed, model type unchecked",
-                      None, None, **ev)
+    if installed("transformers") is None:
+        return warned(
+            name,
+            stage,
+            f"{raw['model_type']} config parsed; transformers not installed, model type unchecked",
+            None,
+            None,
+            **ev,
+        )
     res = runner.run_worker("w_model.py", {"mode": "config", "config": cfg_path}, timeout=ctx.timeout(300))
     data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
     if not res.ok:
@@ -91,25 +115,44 @@ def model_config(ctx: Context) -> Result:
         ev.update(data)
         ev.update(res.evidence())
         fix = fix_for(code, python=ctx.python, model_dir=str(Path(cfg_path).parent))
-        return failed(name, stage, f"transformers rejects {raw['model_type']}: {res.error_text.strip()[-300:]}", code,
-                      fix, **ev)
+        return failed(
+            name,
+            stage,
+            f"transformers rejects {raw['model_type']}: {res.error_text.strip()[-300:]}",
+            code,
+            fix,
+            **ev,
+        )
     ev.update(data)
     ctx.facts["model_info"] = data
     params = f", {data['params'] / 1e9:.2f} B params" if data.get("params") else ""
-    return passed(name, stage, f"transformers {data['transformers']} builds {data['config_class']}{params}", **ev)
+    return passed(
+        name, stage, f"transformers {data['transformers']} builds {data['config_class']}{params}", **ev
+    )
 
 
 def model_forward(ctx: Context) -> Result:
     name, stage = "model_forward", Stage.MODEL
     where = ctx.facts["model"]
-    args = {"mode": "forward", "config": where["config"], "weights_dir": where.get("weights_dir"),
-            "tokens": ctx.opts.tokens, "measure_peak": ctx.opts.measure_peak}
+    args = {
+        "mode": "forward",
+        "config": where["config"],
+        "weights_dir": where.get("weights_dir"),
+        "tokens": ctx.opts.tokens,
+        "measure_peak": ctx.opts.measure_peak,
+    }
     res = runner.run_worker("w_model.py", args, timeout=ctx.timeout(600))
     data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
     if res.answered and res.data.get("refused"):
-        return failed(name, stage, f"needs ~{data['need_gib']} GiB, GPU has {data['gpu_free_gib']} GiB free "
-                      f"({data['params'] / 1e9:.1f} B params in bf16)", "GPU_MEMORY_TOO_SMALL",
-                      fix_for("GPU_MEMORY_TOO_SMALL"), **data)
+        return failed(
+            name,
+            stage,
+            f"needs ~{data['need_gib']} GiB, GPU has {data['gpu_free_gib']} GiB free "
+            f"({data['params'] / 1e9:.1f} B params in bf16)",
+            "GPU_MEMORY_TOO_SMALL",
+            fix_for("GPU_MEMORY_TOO_SMALL"),
+            **data,
+        )
     if not res.ok:
         default = "MODEL_LOAD_FAILED"
         if data.get("logits_shape") and data.get("logits_shape") != data.get("expected_logits_shape"):
@@ -125,9 +168,12 @@ def model_forward(ctx: Context) -> Result:
         data["mfu_vs_measured_matmul"] = round(data["achieved_tflops"] / data["matmul_peak_tflops"], 3)
     mfu = f", MFU {data['mfu_vs_datasheet']:.0%} of {peak:.0f} TFLOP/s" if peak else ""
     return passed(
-        name, stage,
-        f"{data['weights']} {data['params'] / 1e9:.2f} B: load {data['load_s']} s, first forward {data['first_forward_s']} s, "
-        f"{data['tokens']} tok in {data['steady_forward_s'] * 1000:.0f} ms = {data['tokens_per_s']:.0f} tok/s{mfu}",
+        name,
+        stage,
+        f"{data['weights']} {data['params'] / 1e9:.2f} B: load {data['load_s']} s, "
+        f"first forward {data['first_forward_s']} s, "
+        f"{data['tokens']} tok in {data['steady_forward_s'] * 1000:.0f} ms "
+        f"= {data['tokens_per_s']:.0f} tok/s{mfu}",
         **data,
     )
 
@@ -140,7 +186,12 @@ def autotune_stress(ctx: Context) -> Result:
     try:
         res = runner.run_worker(
             "w_model.py",
-            {"mode": "stress", "config": where["config"], "threads": ctx.opts.threads, "tokens": ctx.opts.stress_tokens},
+            {
+                "mode": "stress",
+                "config": where["config"],
+                "threads": ctx.opts.threads,
+                "tokens": ctx.opts.stress_tokens,
+            },
             timeout=ctx.timeout(600),
             env={"TRITON_CACHE_DIR": fresh},
         )
@@ -150,16 +201,31 @@ def autotune_stress(ctx: Context) -> Result:
     cold = data.get("cold") or {}
     if res.answered and cold.get("errors"):
         codes = sorted({classify(e["error"], "STRESS_FAILED") for e in cold["errors"]})
-        code = "AUTOTUNER_RACE" if "AUTOTUNER_RACE" in codes else codes[0]
         after = data.get("after_warmup", {})
+        mitigated = bool(after) and not after.get("errors")
+        if "AUTOTUNER_RACE" in codes:
+            code = "AUTOTUNER_RACE"
+        elif codes == ["STRESS_FAILED"] and mitigated:
+            code = "CONCURRENT_INIT_RACE"  # fails only when cold and concurrent: a first-call race
+        else:
+            code = codes[0]
         data["codes"] = codes
-        data["warm_cache_mitigation"] = "works" if after and not after.get("errors") else "did not help"
+        data["warm_cache_mitigation"] = "works" if mitigated else "did not help"
         return failed(
-            name, stage, f"{len(cold['errors'])} of {data['threads']} threads failed on a cold cache "
-            f"({cold['errors'][0]['error'][:120]}); after one warm-up forward: {data['warm_cache_mitigation']}",
-            code, fix_for(code), **data,
+            name,
+            stage,
+            f"{len(cold['errors'])} of {data['threads']} threads failed on a cold cache "
+            f"({cold['errors'][0]['error'][:120]}); "
+            f"after one warm-up forward: {data['warm_cache_mitigation']}",
+            code,
+            fix_for(code),
+            **data,
         )
     if not res.ok:
         return _fail(name, stage, ctx, res, "STRESS_FAILED", "stress run failed", **data)
-    return passed(name, stage, f"{data['threads']} threads on {data['gpus']} GPU(s), cold cache: no race "
-                  f"({cold.get('seconds')} s)", **data)
+    return passed(
+        name,
+        stage,
+        f"{data['threads']} threads on {data['gpus']} GPU(s), cold cache: no race ({cold.get('seconds')} s)",
+        **data,
+    )

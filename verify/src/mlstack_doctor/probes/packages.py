@@ -25,14 +25,25 @@ def package_versions(ctx: Context) -> Result:
     ctx.facts["installed"] = found
     ev: dict[str, object] = {"profile": profile.to_json(), "installed": found}
     missing = [d for d, spec in profile.expect.items() if found.get(d) is None]
-    off = {d: (found[d], spec) for d, spec in profile.expect.items() if found.get(d) and not prof.matches(found[d], spec)}
-    ev["missing"], ev["off_profile"] = missing, {d: {"installed": i, "expected": e} for d, (i, e) in off.items()}
+    off = {
+        d: (found[d], spec)
+        for d, spec in profile.expect.items()
+        if found.get(d) and not prof.matches(found[d], spec)
+    }
+    ev["missing"], ev["off_profile"] = (
+        missing,
+        {d: {"installed": i, "expected": e} for d, (i, e) in off.items()},
+    )
     pins = " ".join(f"'{d}=={s}'" for d, s in profile.expect.items())
     if missing:
         spec = profile.expect[missing[0]]
         return failed(
-            name, stage, f"not installed: {', '.join(missing)} (profile {profile.name})", "PACKAGE_MISSING",
-            fix_for("PACKAGE_MISSING", python=ctx.python, package=f"{missing[0]}=={spec}"), **ev,
+            name,
+            stage,
+            f"not installed: {', '.join(missing)} (profile {profile.name})",
+            "PACKAGE_MISSING",
+            fix_for("PACKAGE_MISSING", python=ctx.python, package=f"{missing[0]}=={spec}"),
+            **ev,
         )
     if off:
         summary = "; ".join(f"{d} {i} != {e}" for d, (i, e) in off.items())
@@ -58,19 +69,34 @@ def torch_triton_pin(ctx: Context) -> Result:
     ev["torch_pins_triton"] = pinned
     if triton_v is None:
         return warned(
-            name, stage, f"torch {torch_v} pins triton=={pinned} but triton is not installed", "PACKAGE_MISSING",
-            fix_for("PACKAGE_MISSING", python=ctx.python, package=f"triton=={pinned}"), **ev,
+            name,
+            stage,
+            f"torch {torch_v} pins triton=={pinned} but triton is not installed",
+            "PACKAGE_MISSING",
+            fix_for("PACKAGE_MISSING", python=ctx.python, package=f"triton=={pinned}"),
+            **ev,
         )
     if prof.matches(triton_v, pinned):
         return passed(name, stage, f"triton {triton_v} is torch's pin", **ev)
     profile = ctx.opts.profile
     expected = profile.expect.get("triton") if profile else None
     if expected and prof.matches(triton_v, expected) and not prof.matches(pinned, expected):
-        ev["override"] = profile.overrides.get("triton", f"profile expects triton {expected}") if profile else None
-        return passed(name, stage, f"triton {triton_v} overrides torch's pin {pinned}, as profile {profile.name} declares", **ev)
+        ev["override"] = (
+            profile.overrides.get("triton", f"profile expects triton {expected}") if profile else None
+        )
+        return passed(
+            name,
+            stage,
+            f"triton {triton_v} overrides torch's pin {pinned}, as profile {profile.name} declares",
+            **ev,
+        )
     return warned(
-        name, stage, f"triton {triton_v} is not torch's pin {pinned} and the profile does not declare the override",
-        "TRITON_PIN_OVERRIDDEN", fix_for("TRITON_PIN_OVERRIDDEN", python=ctx.python, torch_pin=f"triton=={pinned}"), **ev,
+        name,
+        stage,
+        f"triton {triton_v} is not torch's pin {pinned} and the profile does not declare the override",
+        "TRITON_PIN_OVERRIDDEN",
+        fix_for("TRITON_PIN_OVERRIDDEN", python=ctx.python, torch_pin=f"triton=={pinned}"),
+        **ev,
     )
 
 
@@ -80,7 +106,11 @@ def causal_conv1d(ctx: Context) -> Result:
     ver = installed("causal-conv1d")
     if spec is None:
         return warned(
-            name, stage, "causal-conv1d missing: transformers uses its slower torch conv1d (speed only)",
-            "CAUSAL_CONV1D_MISSING", fix_for("CAUSAL_CONV1D_MISSING", python=ctx.python), version=None,
+            name,
+            stage,
+            "causal-conv1d missing: transformers uses its slower torch conv1d (speed only)",
+            "CAUSAL_CONV1D_MISSING",
+            fix_for("CAUSAL_CONV1D_MISSING", python=ctx.python),
+            version=None,
         )
     return passed(name, stage, f"causal-conv1d {ver}", version=ver, origin=spec.origin)

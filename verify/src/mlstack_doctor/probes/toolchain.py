@@ -52,17 +52,32 @@ def c_compiler(ctx: Context) -> Result:
     ev: dict[str, object] = {"chosen_by": how, "CC": os.environ.get("CC"), "PATH": os.environ.get("PATH", "")}
     if cc is None:
         return failed(
-            name, stage, "no C compiler: $CC unset, no gcc or clang on PATH (Triton: 'Failed to find C compiler')",
-            "NO_C_COMPILER", fix_for("NO_C_COMPILER"), **ev,
+            name,
+            stage,
+            "no C compiler: $CC unset, no gcc or clang on PATH (Triton: 'Failed to find C compiler')",
+            "NO_C_COMPILER",
+            fix_for("NO_C_COMPILER"),
+            **ev,
         )
     ev["compiler"] = cc
     res = runner.run([cc, "--version"], timeout=ctx.timeout(30))
-    ev["version"] = (res.stdout or res.stderr).strip().splitlines()[0] if (res.stdout or res.stderr).strip() else None
+    ev["version"] = (
+        (res.stdout or res.stderr).strip().splitlines()[0] if (res.stdout or res.stderr).strip() else None
+    )
     if res.not_found or res.os_error:
         code = "CC_INVALID" if how == "$CC" else "C_COMPILER_BROKEN"
-        return failed(name, stage, f"{cc} ({how}) cannot run: {res.stderr.strip()}", code, fix_for(code), **ev)
+        return failed(
+            name, stage, f"{cc} ({how}) cannot run: {res.stderr.strip()}", code, fix_for(code), **ev
+        )
     if res.rc != 0:
-        return failed(name, stage, f"{cc} --version exited {res.rc}", "C_COMPILER_BROKEN", fix_for("C_COMPILER_BROKEN"), **ev)
+        return failed(
+            name,
+            stage,
+            f"{cc} --version exited {res.rc}",
+            "C_COMPILER_BROKEN",
+            fix_for("C_COMPILER_BROKEN"),
+            **ev,
+        )
     ctx.facts["cc"] = cc
     return passed(name, stage, f"{cc} ({how}): {ev['version']}", **ev)
 
@@ -95,8 +110,12 @@ def python_headers(ctx: Context) -> Result:
     ctx.facts["include_dir"] = include
     if not header.is_file():
         return failed(
-            name, stage, f"{header} missing (the include dir Triton compiles against)", "NO_PYTHON_H",
-            _headers_fix(include, sys.base_prefix, ctx.py_ver), **ev,
+            name,
+            stage,
+            f"{header} missing (the include dir Triton compiles against)",
+            "NO_PYTHON_H",
+            _headers_fix(include, sys.base_prefix, ctx.py_ver),
+            **ev,
         )
     return passed(name, stage, f"{header}", **ev)
 
@@ -104,22 +123,31 @@ def python_headers(ctx: Context) -> Result:
 def c_extension_build(ctx: Context) -> Result:
     """Build and import a tiny extension with Python.h, the way Triton builds cuda_utils (minus -lcuda)."""
     name, stage = "c_extension_build", Stage.TOOLCHAIN
-    cc = ctx.facts["cc"]
+    cc = ctx.facts.get("cc") or find_compiler()[0]
+    include_dir = str(ctx.facts.get("include_dir") or python_include_dir())
+    if cc is None:  # only when run alone (--only): c_compiler would have gated it
+        return failed(name, stage, "no C compiler", "NO_C_COMPILER", fix_for("NO_C_COMPILER"))
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     with tempfile.TemporaryDirectory(prefix="mlstack-doctor-cc-") as tmp:
         src = os.path.join(tmp, "mlstack_doctor_probe.c")
         so = os.path.join(tmp, "mlstack_doctor_probe" + suffix)
         Path(src).write_text(PROBE_C, encoding="utf-8")
-        argv = [cc, src, "-O3", "-shared", "-fPIC", "-Wno-psabi", "-o", so, f"-I{ctx.facts['include_dir']}"]
+        argv = [cc, src, "-O3", "-shared", "-fPIC", "-Wno-psabi", "-o", so, f"-I{include_dir}"]
         build = runner.run(argv, timeout=ctx.timeout(120))
-        ev: dict[str, object] = {"command": " ".join(argv), "rc": build.rc, "compiler_output": build.tail(2000)}
+        ev: dict[str, object] = {
+            "command": " ".join(argv),
+            "rc": build.rc,
+            "compiler_output": build.tail(2000),
+        }
         if not build.ok:
             code = classify(build.stderr + build.stdout, "C_COMPILER_BROKEN", compiler_env=True)
             if code == "NO_PYTHON_H":
-                fix = _headers_fix(str(ctx.facts["include_dir"]), sys.base_prefix, ctx.py_ver)
+                fix = _headers_fix(include_dir, sys.base_prefix, ctx.py_ver)
             else:
                 fix = fix_for(code)
-            return failed(name, stage, f"building a Python extension failed: {build.tail(300)}", code, fix, **ev)
+            return failed(
+                name, stage, f"building a Python extension failed: {build.tail(300)}", code, fix, **ev
+            )
         load = runner.run(
             [sys.executable, "-c", f"import sys; sys.path.insert(0, {tmp!r}); import mlstack_doctor_probe"],
             timeout=ctx.timeout(60),
@@ -128,16 +156,25 @@ def c_extension_build(ctx: Context) -> Result:
         if not load.ok:
             ev["import_error"] = load.tail(2000)
             return failed(
-                name, stage, "the built extension does not import", "C_COMPILER_BROKEN", fix_for("C_COMPILER_BROKEN"), **ev
+                name,
+                stage,
+                "the built extension does not import",
+                "C_COMPILER_BROKEN",
+                fix_for("C_COMPILER_BROKEN"),
+                **ev,
             )
-    return passed(name, stage, f"built and imported a Python extension with {cc} in {build.duration_s:.1f} s", **ev)
+    return passed(
+        name, stage, f"built and imported a Python extension with {cc} in {build.duration_s:.1f} s", **ev
+    )
 
 
 def triton_cache_path() -> tuple[str, str]:
     if os.environ.get("TRITON_CACHE_DIR"):
         return os.environ["TRITON_CACHE_DIR"], "TRITON_CACHE_DIR"
     home = os.environ.get("TRITON_HOME") or os.path.expanduser("~/")
-    return os.path.join(home, ".triton", "cache"), "TRITON_HOME" if os.environ.get("TRITON_HOME") else "default"
+    return os.path.join(home, ".triton", "cache"), "TRITON_HOME" if os.environ.get(
+        "TRITON_HOME"
+    ) else "default"
 
 
 def triton_cache_dir(ctx: Context) -> Result:
@@ -156,8 +193,12 @@ def triton_cache_dir(ctx: Context) -> Result:
     except OSError as exc:
         ev["error"] = f"{type(exc).__name__}: {exc}"
         return failed(
-            name, stage, f"cannot write {path}: {exc.strerror or exc}", "TRITON_CACHE_UNWRITABLE",
-            fix_for("TRITON_CACHE_UNWRITABLE", cache_dir=path), **ev,
+            name,
+            stage,
+            f"cannot write {path}: {exc.strerror or exc}",
+            "TRITON_CACHE_UNWRITABLE",
+            fix_for("TRITON_CACHE_UNWRITABLE", cache_dir=path),
+            **ev,
         )
     entries = os.listdir(path)
     ev["entries"] = len(entries)

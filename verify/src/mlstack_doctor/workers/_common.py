@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 RESULT_MARKER = "@@MLSTACK_DOCTOR_RESULT@@"
 
@@ -30,6 +31,6 @@ def main(fn: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     try:
         data = fn(args)
         data.setdefault("ok", True)
-    except BaseException as exc:  # noqa: BLE001 - the boundary: report what the stack raised, verbatim
+    except BaseException as exc:
         data = {"ok": False, "error": error_text(exc), "traceback": traceback.format_exc()[-6000:]}
     emit(data)

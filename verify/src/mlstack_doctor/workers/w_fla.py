@@ -30,11 +30,13 @@ def _device(args: dict[str, Any]) -> dict[str, Any]:
 
     try:
         out["triton_target"] = repr(triton.runtime.driver.active.get_current_target())
-    except Exception as exc:  # noqa: BLE001 - evidence: the exception FLA discarded
+    except Exception as exc:
         out["triton_exception"] = error_text(exc)
     out["ok"] = out["fla_device"] not in (None, "cpu")
     if not out["ok"]:
-        out["error"] = f"FLA device is {out['fla_device']!r}: " + out.get("triton_exception", "no Triton exception")
+        out["error"] = f"FLA device is {out['fla_device']!r}: " + out.get(
+            "triton_exception", "no Triton exception"
+        )
     return out
 
 

@@ -66,14 +66,6 @@ def check_config(args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _gdn_impl(model: Any) -> str | None:
-    for mod in model.modules():
-        fn = getattr(mod, "chunk_gated_delta_rule", None)
-        if fn is not None:
-            return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__name__', '?')}"
-    return None
-
-
 def _flops_per_token(text: Any, params_dense: int, tokens: int) -> float:
     """2 FLOPs per weight per token for the matmuls, plus causal attention in the full-attention layers."""
     flops = 2.0 * params_dense
@@ -142,12 +134,13 @@ def check_forward(args: dict[str, Any]) -> dict[str, Any]:
     else:
         torch.manual_seed(0)
         with torch.device("cuda:0"):
-            model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+            model = transformers.AutoModelForCausalLM.from_config(
+                cfg, dtype=torch.bfloat16, attn_implementation="sdpa"
+            )
     model.eval()
     torch.cuda.synchronize()
     out["load_s"] = round(time.perf_counter() - t_load, 2)
     out["setup_s"] = round(time.perf_counter() - t0, 2)
-    out["gdn_impl"] = _gdn_impl(model)
     out["gpu_allocated_gib"] = round(torch.cuda.memory_allocated(0) / 2**30, 1)
     gen = torch.Generator(device="cuda").manual_seed(0)
     ids = torch.randint(0, vocab, (1, tokens), device="cuda", generator=gen)
@@ -173,13 +166,17 @@ def check_forward(args: dict[str, Any]) -> dict[str, Any]:
     out["achieved_tflops"] = round(_flops_per_token(text, total - embed, tokens) * tokens / steady / 1e12, 1)
     out["expected_logits_shape"] = [1, tokens, vocab]
     if out["logits_shape"] != out["expected_logits_shape"]:
-        out.update({"ok": False, "error": f"logits shape {out['logits_shape']} != {out['expected_logits_shape']}"})
+        out.update(
+            {"ok": False, "error": f"logits shape {out['logits_shape']} != {out['expected_logits_shape']}"}
+        )
     elif not out["logits_finite"]:
         out.update({"ok": False, "error": "logits contain NaN or Inf"})
     return out
 
 
-def _concurrent(torch: Any, models: list[Any], devices: list[int], n_threads: int, tokens: int, vocab: int) -> dict:
+def _concurrent(
+    torch: Any, models: list[Any], devices: list[int], n_threads: int, tokens: int, vocab: int
+) -> dict:
     barrier = threading.Barrier(n_threads)
     errors: list[dict[str, Any]] = []
     lock = threading.Lock()
@@ -193,9 +190,16 @@ def _concurrent(torch: Any, models: list[Any], devices: list[int], n_threads: in
             with torch.no_grad(), torch.cuda.device(dev):
                 model(input_ids=ids, use_cache=False)
             torch.cuda.synchronize(dev)
-        except Exception as exc:  # noqa: BLE001 - each thread's failure is the evidence we collect
+        except Exception as exc:
             with lock:
-                errors.append({"thread": i, "gpu": dev, "error": error_text(exc), "where": traceback.format_exc()[-1500:]})
+                errors.append(
+                    {
+                        "thread": i,
+                        "gpu": dev,
+                        "error": error_text(exc),
+                        "where": traceback.format_exc()[-1500:],
+                    }
+                )
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
@@ -225,9 +229,11 @@ def check_stress(args: dict[str, Any]) -> dict[str, Any]:
     if cold["errors"]:
         # The mitigation the fix names: one warm-up forward per GPU, then the same threads again.
         with torch.no_grad():
-            for dev, model in zip(devices, models):
+            for dev, model in zip(devices, models, strict=True):
                 with torch.cuda.device(dev):
-                    model(input_ids=torch.randint(0, vocab, (1, tokens), device=f"cuda:{dev}"), use_cache=False)
+                    model(
+                        input_ids=torch.randint(0, vocab, (1, tokens), device=f"cuda:{dev}"), use_cache=False
+                    )
         out["after_warmup"] = _concurrent(torch, models, devices, n_threads, tokens, vocab)
         out["ok"] = False
         out["error"] = cold["errors"][0]["error"]

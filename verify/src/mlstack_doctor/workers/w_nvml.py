@@ -30,7 +30,12 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
         return {"ok": False, "error": f"OSError: cannot load libnvidia-ml.so.1: {exc}", "stage": "load"}
     rc = lib.nvmlInit_v2()
     if rc != 0:
-        return {"ok": False, "error": f"nvmlInit_v2 failed: {NVML_ERRORS.get(rc, rc)}", "nvml_rc": rc, "stage": "init"}
+        return {
+            "ok": False,
+            "error": f"nvmlInit_v2 failed: {NVML_ERRORS.get(rc, rc)}",
+            "nvml_rc": rc,
+            "stage": "init",
+        }
     buf = ctypes.create_string_buffer(96)
     lib.nvmlSystemGetDriverVersion(buf, 96)
     count = ctypes.c_uint(0)
@@ -44,7 +49,9 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
         lib.nvmlDeviceGetName(handle, name, 96)
         mem = _Memory()
         lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem))
-        gpus.append({"index": i, "name": name.value.decode(), "memory_total_gib": round(mem.total / 2**30, 1)})
+        gpus.append(
+            {"index": i, "name": name.value.decode(), "memory_total_gib": round(mem.total / 2**30, 1)}
+        )
     lib.nvmlShutdown()
     return {"driver_version": buf.value.decode(), "count": count.value, "gpus": gpus}
 

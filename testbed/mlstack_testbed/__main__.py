@@ -1,0 +1,318 @@
+"""testbed up | status [--json] | down [--purge]: one command for the stand-in PVE node."""
+
+import argparse
+import json
+import os
+import secrets
+import socket
+import ssl
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from . import daemons, gpu, host_setup, paths, realct, rootfs, sshd
+from .proc import say
+
+API_MARKER = "mlstack_testbed.api"
+CERT_MIN_DAYS = 3
+
+
+# ------------------------------------------------------------------------- secrets
+
+
+def ensure_password() -> None:
+    f = paths.API_PASSWORD_FILE
+    if not f.is_file() or not f.read_text().strip():
+        fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(24) + "\n")
+    f.chmod(0o600)
+
+
+def cert_days_left() -> float:
+    if not paths.API_CERT.is_file():
+        return -1.0
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(paths.API_CERT.read_bytes())
+    return (cert.not_valid_after_utc.timestamp() - time.time()) / 86400
+
+
+def ensure_cert() -> bool:
+    """A self-signed cert for 127.0.0.1 (fakepve's: 30 days); renewed when fewer than 3 days are left."""
+    if cert_days_left() >= CERT_MIN_DAYS and paths.API_KEY.is_file():
+        return False
+    from fakepve.certs import make_cert
+
+    make_cert(str(paths.TLS_DIR), name="api", hosts=(paths.API_HOST,))
+    paths.API_CERT.chmod(0o644)
+    return True
+
+
+# ---------------------------------------------------------------------------- API
+
+
+def api_pid() -> int | None:
+    return daemons.pid_of(paths.API_PIDFILE, API_MARKER)
+
+
+def api_ready(timeout: float = 2) -> bool:
+    ctx = ssl.create_default_context(cafile=str(paths.API_CERT))
+    url = f"https://{paths.API_HOST}:{paths.API_PORT}/api2/json/version"
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=timeout) as r:
+            return r.status in (200, 401)
+    except urllib.error.HTTPError as e:
+        return e.code == 401
+    except OSError:
+        return False
+
+
+def code_changed_since(pidfile: Path) -> bool:
+    """True when the testbed's Python code is newer than the process recorded in pidfile."""
+    newest = max(p.stat().st_mtime for p in Path(__file__).parent.glob("*.py"))
+    return pidfile.is_file() and newest > pidfile.stat().st_mtime
+
+
+def port_busy(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex((host, port)) == 0
+
+
+def start_api() -> int:
+    if port_busy(paths.API_HOST, paths.API_PORT):
+        raise RuntimeError(
+            f"{paths.API_HOST}:{paths.API_PORT} is in use by a process the testbed did not start"
+        )
+    env = dict(os.environ, PYTHONPATH=str(paths.TESTBED_DIR), MLSTACK_TESTBED_STATE=str(paths.STATE_DIR))
+    pid = daemons.spawn(
+        [sys.executable, "-m", API_MARKER], paths.API_PIDFILE, paths.LOG_DIR / "api.log", env=env
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if api_ready():
+            return pid
+        if not Path(f"/proc/{pid}").exists() or daemons.is_zombie(pid):
+            break
+        time.sleep(0.2)
+    raise RuntimeError(f"the API server did not come up; see {paths.LOG_DIR / 'api.log'}")
+
+
+# ----------------------------------------------------------------------- testbed.json
+
+
+def write_testbed_json(gpu_nodes: list[str]) -> dict[str, Any]:
+    data = {
+        "schema_version": 1,
+        "api_host": paths.API_HOST,
+        "api_port": paths.API_PORT,
+        "node": paths.NODE,
+        "api_user": paths.API_USER,
+        "api_password_file": str(paths.API_PASSWORD_FILE),
+        "api_ca_file": str(paths.API_CERT),
+        "ssh_host": paths.SSH_HOST,
+        "ssh_port": paths.SSH_PORT,
+        "ssh_user": paths.SSH_USER,
+        "ssh_key_file": str(paths.SSH_CLIENT_KEY),
+        "ssh_known_hosts_file": str(paths.SSH_KNOWN_HOSTS),
+        "template": paths.TEMPLATE_VOLID,
+        "storage": paths.STORAGE,
+        "bridge": paths.BRIDGE,
+        "host_bridge": paths.HOST_BRIDGE,
+        "gpu_nodes": gpu_nodes,
+        "state_dir": str(paths.STATE_DIR),
+    }
+    tmp = paths.TESTBED_JSON.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.chmod(0o644)
+    tmp.replace(paths.TESTBED_JSON)
+    return data
+
+
+# ------------------------------------------------------------------------- commands
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    if os.geteuid() != 0:
+        say("must run as root")
+        return 2
+    done: list[str] = []
+    already: list[str] = []
+    if host_setup.ensure_packages():
+        done.append("packages")
+    paths.ensure_dirs()
+    if host_setup.ensure_subids():
+        done.append("subuid/subgid")
+    (done if host_setup.ensure_bridge() else already).append(f"bridge {paths.HOST_BRIDGE}")
+    ensure_password()
+    cert_new = ensure_cert()
+    (done if rootfs.build_template() else already).append(f"template {paths.TEMPLATE_VOLID}")
+    made_before = len(gpu.recorded()["created"])  # type: ignore[arg-type]
+    nodes = gpu.ensure(args.gpu_nodes) if args.gpu_nodes else gpu.present()
+    made = len(gpu.recorded()["created"]) - made_before  # type: ignore[arg-type]
+    (done if made else already).append(f"gpu nodes: {len(nodes)} present, {made} made now")
+    sshd.prepare()
+    if host_setup.install_known_host(sshd.known_hosts_line()):
+        done.append(f"host key pinned in {paths.SYSTEM_KNOWN_HOSTS}")
+    pid = sshd.running()
+    if pid:
+        already.append(f"sshd pid {pid} on {paths.SSH_HOST}:{paths.SSH_PORT}")
+    else:
+        pid = sshd.start()
+        time.sleep(0.3)
+        if not sshd.running():
+            raise RuntimeError(f"sshd did not stay up; see {paths.LOG_DIR / 'sshd.log'}")
+        done.append(f"sshd pid {pid}")
+    pid = api_pid()
+    if pid and (cert_new or code_changed_since(paths.API_PIDFILE)):
+        say("restarting the API server (new certificate or newer testbed code)")
+        daemons.stop(paths.API_PIDFILE, API_MARKER)
+        pid = None
+    if pid and api_ready():
+        already.append(f"API pid {pid} on https://{paths.API_HOST}:{paths.API_PORT}")
+    else:
+        if pid:
+            daemons.stop(paths.API_PIDFILE, API_MARKER)
+        pid = start_api()
+        done.append(f"API pid {pid}")
+    write_testbed_json(nodes)
+    for item in already:
+        print(f"already up: {item}")
+    for item in done:
+        print(f"started/made: {item}")
+    print(f"testbed up in {time.monotonic() - t0:.1f} s; connection info in {paths.TESTBED_JSON}")
+    return 0
+
+
+def collect_status() -> dict[str, Any]:
+    api = api_pid()
+    ssh = sshd.running()
+    cts = []
+    if paths.API_STATE.is_file():
+        for item in json.loads(paths.API_STATE.read_text()).get("cts", []):
+            real, pid = realct.state(int(item["vmid"]))
+            cts.append(
+                {"vmid": item["vmid"], "hostname": item["config"].get("hostname"), "real": real, "pid": pid}
+            )
+    return {
+        "schema_version": 1,
+        "up": bool(api and ssh and host_setup.bridge_up()),
+        "debian": host_setup.debian_version(),
+        "api": {
+            "pid": api,
+            "ready": bool(api) and api_ready(),
+            "url": f"https://{paths.API_HOST}:{paths.API_PORT}",
+            "node": paths.NODE,
+        },
+        "sshd": {"pid": ssh, "address": f"{paths.SSH_HOST}:{paths.SSH_PORT}"},
+        "bridge": {
+            "name": paths.HOST_BRIDGE,
+            "up": host_setup.bridge_up(),
+            "started_by_testbed": paths.LXC_NET_MARKER.is_file(),
+        },
+        "template": {"volid": paths.TEMPLATE_VOLID, **rootfs.template_status()},
+        "gpu_nodes": {
+            "present": gpu.present(),
+            "created_by_testbed": [c["path"] for c in gpu.recorded()["created"]],
+        },  # type: ignore[attr-defined]
+        "containers": cts,
+        "testbed_json": str(paths.TESTBED_JSON) if paths.TESTBED_JSON.is_file() else None,
+    }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    st = collect_status()
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0 if st["up"] else 1
+    print(f"testbed: {'UP' if st['up'] else 'DOWN'} (Debian {st['debian']})")
+    print(
+        f"  API     {st['api']['url']} node {st['api']['node']}: "
+        f"{'pid ' + str(st['api']['pid']) if st['api']['pid'] else 'not running'}"
+        f"{'' if st['api']['ready'] or not st['api']['pid'] else ' (not answering)'}"
+    )
+    print(
+        f"  sshd    {st['sshd']['address']}: "
+        f"{'pid ' + str(st['sshd']['pid']) if st['sshd']['pid'] else 'not running'}"
+    )
+    print(f"  bridge  {st['bridge']['name']}: {'up' if st['bridge']['up'] else 'down'}")
+    t = st["template"]
+    print(
+        f"  template {t['volid']}: "
+        f"{'cached, ' + str(t['size'] // 2**20) + ' MiB' if t['present'] else 'not built'}"
+        f"{' (CA certificates changed since built)' if t.get('stale_ca') else ''}"
+    )
+    print(f"  gpu nodes: {', '.join(st['gpu_nodes']['present']) or 'none'}")
+    for ct in st["containers"]:
+        print(f"  CT {ct['vmid']} {ct['hostname']}: {ct['real']}")
+    return 0 if st["up"] else 1
+
+
+def testbed_vmids() -> list[int]:
+    """Containers of the testbed: those in its API state, and real ones carrying its config header."""
+    vmids = set()
+    if paths.API_STATE.is_file():
+        vmids |= {int(c["vmid"]) for c in json.loads(paths.API_STATE.read_text()).get("cts", [])}
+    for d in paths.LXC_PATH.glob("*/config") if paths.LXC_PATH.is_dir() else []:
+        first = d.read_text(errors="replace").split("\n", 1)[0]
+        if d.parent.name.isdigit() and realct.ORIGIN in first:
+            vmids.add(int(d.parent.name))
+    return sorted(vmids)
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    pid = daemons.stop(paths.API_PIDFILE, API_MARKER)
+    print(f"API: {'stopped pid ' + str(pid) if pid else 'was not running'}")
+    pid = sshd.stop()
+    print(f"sshd: {'stopped pid ' + str(pid) if pid else 'was not running'}")
+    for vmid in testbed_vmids():
+        if args.purge:
+            realct.destroy(vmid)
+            print(f"CT {vmid}: destroyed")
+        elif realct.state(vmid)[0] == "running":
+            realct.stop(vmid, timeout=10)
+            print(f"CT {vmid}: stopped")
+    if host_setup.stop_bridge():
+        print(f"bridge {paths.HOST_BRIDGE}: stopped (lxc-net stop)")
+    removed = gpu.remove_created()
+    if removed:
+        print(f"gpu nodes removed: {', '.join(removed)}")
+    if args.purge:
+        rootfs.remove_template()
+        host_setup.remove_known_host(f"[{paths.SSH_HOST}]:{paths.SSH_PORT}")
+        import shutil
+
+        shutil.rmtree(paths.STATE_DIR, ignore_errors=True)
+        print(f"purged {paths.STATE_DIR} (template, keys, API state) and the pinned host key")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="testbed", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="bring the testbed up (idempotent)")
+    up.add_argument(
+        "--gpu-nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also create N dummy /dev/nvidiaN nodes (+ ctl, uvm, caps) where absent",
+    )
+    st = sub.add_parser("status", help="what runs; exit 0 when up")
+    st.add_argument("--json", action="store_true")
+    down = sub.add_parser("down", help="stop what the testbed started (by PID)")
+    down.add_argument("--purge", action="store_true", help="also destroy its containers, template and state")
+    args = parser.parse_args(argv)
+    try:
+        return {"up": cmd_up, "status": cmd_status, "down": cmd_down}[args.cmd](args)
+    except RuntimeError as e:
+        say(f"error: {e}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""provision.yml, a second run, verify.yml and destroy.yml on one real testbed container (CT 128)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import REPO, PlaybookRun, container
+
+VMID = 128
+CT = [container(VMID)]
+
+
+@pytest.fixture(scope="module")
+def first_run(request: pytest.FixtureRequest) -> Iterator[PlaybookRun]:
+    run_playbook = request.getfixturevalue("run_playbook_module")
+    result = run_playbook("provision.yml", CT)
+    yield result
+    run_playbook("destroy.yml", CT, mlstack_destroy_confirm=True)
+
+
+@pytest.fixture(scope="module")
+def run_playbook_module(tmp_path_factory: pytest.TempPathFactory, testbed: Any) -> Any:
+    from conftest import make_runner
+
+    return make_runner(tmp_path_factory.mktemp("lifecycle"))
+
+
+def test_provision_creates_a_verified_container(first_run: PlaybookRun, api: Any, testbed: Any) -> None:
+    assert first_run.rc == 0, first_run.output[-4000:]
+    config = api.nodes(testbed.node).lxc(VMID).config.get()
+    assert config["unprivileged"] == 1
+    devices = sorted(v.split(",")[0] for k, v in config.items() if k.startswith("dev"))
+    assert devices == sorted(testbed.gpu_nodes)
+    fleet = json.loads((REPO / "reports" / "fleet.json").read_text())
+    row = next(r for r in fleet["containers"] if str(r["vmid"]) == str(VMID))
+    assert row["reached_doctor"] and row["root_cause"] is None
+    assert row["stages"]["toolchain"] == "pass"
+
+
+def test_second_run_changes_nothing(first_run: PlaybookRun, run_playbook_module: Any) -> None:
+    again = run_playbook_module("provision.yml", CT)
+    assert again.rc == 0, again.output[-4000:]
+    assert again.changed() == 0, [line for line in again.output.splitlines() if line.startswith("changed:")]
+
+
+def test_verify_reruns_the_doctor_and_changes_nothing(
+    first_run: PlaybookRun, run_playbook_module: Any
+) -> None:
+    report = REPO / "reports" / "doctor" / f"testbed-ct{VMID}.json"
+    before = json.loads(report.read_text())["started"]
+    result = run_playbook_module("verify.yml", CT)
+    assert result.rc == 0, result.output[-4000:]
+    assert result.changed() == 0, result.recap()
+    assert json.loads(report.read_text())["started"] != before
+    assert "Create the container" not in result.output
+
+
+def test_destroy_refuses_without_confirmation(
+    first_run: PlaybookRun, run_playbook_module: Any, api: Any, testbed: Any
+) -> None:
+    result = run_playbook_module("destroy.yml", CT)
+    assert result.rc != 0
+    assert "Rerun with -e mlstack_destroy_confirm=true" in " ".join(result.output.split())
+    assert api.nodes(testbed.node).lxc(VMID).status.current.get()["status"] == "running"
+
+
+def test_destroy_never_removes_a_container_that_is_not_ours(
+    first_run: PlaybookRun, run_playbook_module: Any, api: Any, testbed: Any, foreign_ct: int
+) -> None:
+    result = run_playbook_module(
+        "destroy.yml", CT, mlstack_destroy_confirm=True, mlstack_destroy_vmids=[foreign_ct]
+    )
+    assert result.rc == 0, result.output[-4000:]
+    assert f"vmid {foreign_ct} (lxc not-ours) has no 'mlstack' tag: left alone." in result.output
+    assert api.nodes(testbed.node).lxc(foreign_ct).status.current.get()
+    assert api.nodes(testbed.node).lxc(VMID).status.current.get()["status"] == "running"
+
+
+def test_destroy_with_confirmation_removes_ours(
+    first_run: PlaybookRun, run_playbook_module: Any, api: Any, testbed: Any
+) -> None:
+    from proxmoxer.core import ResourceException
+
+    result = run_playbook_module("destroy.yml", CT, mlstack_destroy_confirm=True)
+    assert result.rc == 0, result.output[-4000:]
+    with pytest.raises(ResourceException):
+        api.nodes(testbed.node).lxc(VMID).status.current.get()

@@ -1,0 +1,67 @@
+"""Helpers for the testbed tests: real commands against the real parts, bounded in time."""
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO / "testbed") not in sys.path:
+    sys.path.insert(0, str(REPO / "testbed"))
+
+from mlstack_testbed import client, realct  # noqa: E402
+
+
+def wait_ok(api: Any, testbed: client.Testbed, upid: str, timeout: float = 180) -> dict[str, Any]:
+    status = client.wait_task(api, testbed.node, upid, timeout)
+    assert status["exitstatus"] == "OK", client.task_log(api, testbed.node, upid)
+    return status
+
+
+def remove_ct(api: Any, testbed: client.Testbed, vmid: int) -> None:
+    """Destroy a test container through the API (stopping it first); the real side as a fallback."""
+    from proxmoxer.core import ResourceException
+
+    ct = api.nodes(testbed.node).lxc(vmid)
+    try:
+        if ct.status.current.get()["status"] == "running":
+            client.wait_task(api, testbed.node, ct.status.stop.post(), 60)
+        client.wait_task(api, testbed.node, ct.delete(purge=1), 120)
+    except ResourceException as e:
+        if "does not exist" not in str(e.content):
+            raise
+    if realct.exists(vmid) or realct.ct_dir(vmid).exists():
+        realct.destroy(vmid)
+
+
+def run(argv: list[str], timeout: float = 60, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
+
+
+def attach(vmid: int, script: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """A shell command inside the real container, straight through lxc-attach (not through the testbed)."""
+    return run(["lxc-attach", "-n", str(vmid), "--clear-env", "--", "/bin/sh", "-c", script], timeout=timeout)
+
+
+def ssh(
+    testbed: client.Testbed, command: str, stdin: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """A command on the testbed's sshd, verifying its pinned host key."""
+    argv = [
+        "ssh",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"UserKnownHostsFile={testbed.ssh_known_hosts_file}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-i",
+        testbed.ssh_key_file,
+        "-p",
+        str(testbed.ssh_port),
+        f"{testbed.ssh_user}@{testbed.ssh_host}",
+        command,
+    ]
+    return run(argv, timeout=timeout, input=stdin)

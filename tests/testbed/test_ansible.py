@@ -1,0 +1,199 @@
+"""The project's Ansible pieces against the testbed: community.proxmox.proxmox through the API, and
+community.proxmox.proxmox_pct_remote through the testbed's sshd and pct."""
+
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlstack_testbed import client, realct
+from tbhelpers import attach, run
+
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def ansible_env(tmp_path_factory: pytest.TempPathFactory, testbed: client.Testbed) -> dict[str, str]:
+    """A minimal ansible.cfg of the test's own (host key checking on) and TLS verified with the testbed CA."""
+    home = tmp_path_factory.mktemp("ansible")
+    cfg = home / "ansible.cfg"
+    cfg.write_text(
+        "[defaults]\nhost_key_checking = True\nretry_files_enabled = False\n"
+        "interpreter_python = auto_silent\n"
+    )
+    return {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(cfg),
+        "ANSIBLE_STDOUT_CALLBACK": "json",
+        "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
+        "REQUESTS_CA_BUNDLE": testbed.api_ca_file,
+        "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
+    }
+
+
+def playbook(
+    env: dict[str, str], tmp: Path, inventory: str, plays: str, timeout: float = 300
+) -> dict[str, Any]:
+    (tmp / "hosts.yml").write_text(inventory)
+    (tmp / "play.yml").write_text(plays)
+    r = run(
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(tmp / "hosts.yml"), str(tmp / "play.yml")],
+        timeout=timeout,
+        env=env,
+    )
+    assert r.stdout.startswith("{"), r.stdout + r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+def results(out: dict[str, Any], host: str) -> list[dict[str, Any]]:
+    return [t["hosts"][host] for play in out["plays"] for t in play["tasks"] if host in t["hosts"]]
+
+
+def pct_inventory(testbed: client.Testbed, vmid: int) -> str:
+    return json.dumps(
+        {
+            "all": {
+                "hosts": {
+                    f"ct{vmid}": {
+                        "ansible_host": testbed.ssh_host,
+                        "ansible_port": testbed.ssh_port,
+                        "ansible_user": testbed.ssh_user,
+                        "ansible_connection": "community.proxmox.proxmox_pct_remote",
+                        "ansible_private_key_file": testbed.ssh_key_file,
+                        "proxmox_vmid": vmid,
+                        "ansible_python_interpreter": "/usr/bin/python3",
+                    }
+                }
+            }
+        }
+    )
+
+
+def test_proxmox_module_create_is_idempotent(
+    testbed: client.Testbed, ansible_env: dict[str, str], tmp_path: Path, cleanup: Any
+) -> None:
+    vmid = cleanup(930)
+    task = {
+        "community.proxmox.proxmox": {
+            "api_host": testbed.api_host,
+            "api_port": testbed.api_port,
+            "api_user": testbed.api_user,
+            "api_password": testbed.api_password,
+            "validate_certs": True,
+            "node": testbed.node,
+            "vmid": vmid,
+            "hostname": f"ans{vmid}",
+            "ostemplate": testbed.template,
+            "storage": testbed.storage,
+            "unprivileged": True,
+            "cores": 1,
+            "memory": 512,
+            "netif": {"net0": "name=eth0,bridge=vmbr0,ip=dhcp"},
+            "state": "present",
+        },
+        "no_log": True,
+    }
+    plays = json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": [task, task]}])
+    inventory = json.dumps(
+        {
+            "all": {
+                "hosts": {
+                    "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+                }
+            }
+        }
+    )
+    out = playbook(ansible_env, tmp_path, inventory, plays)
+    first, second = results(out, "localhost")
+    assert not first.get("failed") and first["changed"] is True, first
+    assert not second.get("failed") and second["changed"] is False, second
+    assert realct.exists(vmid)
+    assert f"lxc.uts.name = ans{vmid}" in Path(f"/var/lib/lxc/{vmid}/config").read_text()
+
+
+def test_pct_remote_playbook(
+    testbed: client.Testbed, ansible_env: dict[str, str], tmp_path: Path, ct900: dict[str, Any]
+) -> None:
+    """The bootstrap-then-modules flow provisioning uses: raw (safely), copy (put_file), command, fetch."""
+    wait_net = (
+        "for i in $(seq 30); do ip -4 -o addr show eth0 | grep -q inet && exit 0; sleep 1; done; exit 1"
+    )
+    assert attach(900, wait_net, timeout=40).returncode == 0
+    fetched = tmp_path / "fetched"
+    plays = json.dumps(
+        [
+            {
+                "hosts": "ct900",
+                "gather_facts": False,
+                "tasks": [
+                    {
+                        "name": "Bootstrap python3",
+                        "ansible.builtin.raw": "command -v python3 || "
+                        "(apt-get update -qq && "
+                        "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-minimal)",
+                        "args": {"executable": "/bin/sh"},
+                        "changed_when": False,
+                    },
+                    {
+                        "ansible.builtin.copy": {
+                            "content": "from ansible\n",
+                            "dest": "/root/from-ansible.txt",
+                            "mode": "0600",
+                        }
+                    },
+                    {
+                        "ansible.builtin.command": {"cmd": "cat /root/from-ansible.txt"},
+                        "register": "cat",
+                        "changed_when": False,
+                    },
+                    {
+                        "ansible.builtin.fetch": {
+                            "src": "/root/from-ansible.txt",
+                            "dest": f"{fetched}/",
+                            "flat": False,
+                        }
+                    },
+                ],
+            }
+        ]
+    )
+    out = playbook(ansible_env, tmp_path, pct_inventory(testbed, 900), plays, timeout=400)
+    res = results(out, "ct900")
+    assert all(not r.get("failed") and not r.get("unreachable") for r in res), res
+    assert res[2]["stdout"] == "from ansible"
+    assert attach(900, "stat -c %a /root/from-ansible.txt").stdout.strip() == "600"
+    assert (fetched / "ct900" / "root" / "from-ansible.txt").read_text() == "from ansible\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "on_host"),
+    [({}, True), ({"executable": "/bin/sh"}, False)],
+    ids=["plain-raw-reaches-host", "executable-sh-stays-inside"],
+)
+def test_raw_semicolon(
+    testbed: client.Testbed,
+    ansible_env: dict[str, str],
+    tmp_path: Path,
+    ct900: dict[str, Any],
+    args: dict[str, str],
+    on_host: bool,
+) -> None:
+    """proxmox_pct_remote sends `/usr/sbin/pct exec <vmid> -- <cmd>` unquoted: with plain raw, whatever
+    follows a `;` runs ON THE PVE HOST. With `args: executable: /bin/sh`, Ansible wraps the command in
+    `/bin/sh -c '...'` and all of it runs in the container."""
+    marker = f"/tmp/mlstack-raw-{uuid.uuid4().hex}"
+    task: dict[str, Any] = {"ansible.builtin.raw": f"true; touch {marker}"}
+    if args:
+        task["args"] = args
+    plays = json.dumps([{"hosts": "ct900", "gather_facts": False, "tasks": [task]}])
+    try:
+        out = playbook(ansible_env, tmp_path, pct_inventory(testbed, 900), plays)
+        assert not results(out, "ct900")[0].get("failed")
+        assert Path(marker).exists() is on_host
+        assert (attach(900, f"test -e {marker}").returncode == 0) is (not on_host)
+    finally:
+        Path(marker).unlink(missing_ok=True)

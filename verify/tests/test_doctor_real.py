@@ -1,0 +1,284 @@
+"""End to end, for real: the doctor as a subprocess in environments with real faults. No mocks.
+
+Each case checks the diagnosis code, the fix, the gating of dependants, the exit code, and (in
+run_doctor) that the JSON validates against the shipped schema.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import (
+    PY_VER,
+    TEST_TORCH,
+    TEST_TRANSFORMERS,
+    doctor_env,
+    gpu_nodes_state,
+    run_doctor,
+    write_lock,
+)
+
+pytestmark = pytest.mark.slow
+
+GPU_PROBES = (
+    "nvidia_driver",
+    "cuda_visible_devices",
+    "torch_cuda",
+    "triton_target",
+    "fla_device",
+    "fla_kernel",
+    "gdn_backward",
+)
+
+
+@pytest.fixture
+def matching_lock(tmp_path: Path) -> Path:
+    """A profile lock that matches the test venv (torch CPU + transformers)."""
+    return write_lock(
+        tmp_path / "profile", {"torch": TEST_TORCH + "+cpu", "transformers": TEST_TRANSFORMERS}
+    ).parent
+
+
+def test_no_gpu_is_an_honest_pass(torch_venv: Path, matching_lock: Path) -> None:
+    run = run_doctor("--no-gpu", "--profile", str(matching_lock), python=str(torch_venv))
+    assert run.rc == 0, run.stdout
+    for name in GPU_PROBES:
+        p = run.probe(name)
+        assert p["status"] == "skip" and p["summary"] == "no GPU expected (--no-gpu)"
+    for name in ("c_compiler", "python_headers", "c_extension_build", "triton_cache_dir", "package_versions"):
+        assert run.probe(name)["status"] == "pass", run.probe(name)
+    assert run.probe("model_config")["status"] == "pass"  # transformers really builds the shipped config
+    assert run.report["summary"]["root_cause"] is None
+
+
+def test_expect_gpu_without_gpu_names_the_node_problem(torch_venv: Path, matching_lock: Path) -> None:
+    state = gpu_nodes_state()
+    if state == "ok":
+        pytest.skip("this machine has a working NVIDIA driver")
+    run = run_doctor("--profile", str(matching_lock), python=str(torch_venv))
+    assert run.rc == 1
+    expected = {"none": "NVIDIA_NODE_MISSING", "no_driver": "NVIDIA_NO_DRIVER"}[state]
+    assert run.root and run.root["probe"] == "nvidia_device_nodes" and run.root["code"] == expected
+    for name in ("nvidia_driver", "torch_cuda", "triton_target", "fla_kernel", "gdn_backward"):
+        p = run.probe(name)
+        assert p["status"] == "skip" and p["skipped_by"] == "nvidia_device_nodes", p
+
+
+def test_no_gpu_with_dummy_nodes_warns(torch_venv: Path, matching_lock: Path) -> None:
+    if gpu_nodes_state() != "no_driver":
+        pytest.skip("needs NVIDIA device nodes without a driver (the testbed's dummy nodes)")
+    run = run_doctor("--no-gpu", "--profile", str(matching_lock), python=str(torch_venv))
+    p = run.probe("nvidia_device_nodes")
+    assert run.rc == 0 and p["status"] == "warn" and p["code"] == "NVIDIA_NO_DRIVER"
+
+
+def test_no_c_compiler(tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").symlink_to(sys.executable)
+    env = doctor_env({"PATH": str(bindir)}, unset=("CC",))
+    run = run_doctor("--no-gpu", env=env)
+    assert run.rc == 1
+    p = run.probe("c_compiler")
+    assert p["code"] == "NO_C_COMPILER" and p["fix"] == "apt-get install -y gcc g++"
+    assert run.root["code"] == "NO_C_COMPILER"
+    assert run.probe("c_extension_build")["skipped_by"] == "c_compiler"
+
+
+def test_cc_names_a_missing_binary(tmp_path: Path) -> None:
+    run = run_doctor("--no-gpu", env=doctor_env({"CC": str(tmp_path / "no-such-gcc")}))
+    p = run.probe("c_compiler")
+    assert run.rc == 1 and p["code"] == "CC_INVALID" and "unset CC" in p["fix"]
+
+
+def test_no_python_h_in_the_base_interpreter(headerless_python: Path) -> None:
+    run = run_doctor(
+        "--no-gpu", "--only", "c_compiler,python_headers,c_extension_build", python=str(headerless_python)
+    )
+    p = run.probe("python_headers")
+    assert run.rc == 1 and p["code"] == "NO_PYTHON_H"
+    ev = p["evidence"]
+    assert ev["in_venv"] is True
+    # inside a venv the include dir is the BASE interpreter's, as Triton (sysconfig) sees it
+    assert ev["include_dir"].startswith(ev["base_prefix"]) and not ev["include_dir"].startswith(ev["prefix"])
+    assert run.probe("c_extension_build")["skipped_by"] == "python_headers"
+
+
+def test_compiling_against_a_headerless_include_dir_is_classified(headerless_python: Path) -> None:
+    """The compile itself (what Triton runs), on its own: gcc's 'Python.h: No such file' -> NO_PYTHON_H."""
+    run = run_doctor("--no-gpu", "--only", "c_compiler,c_extension_build", python=str(headerless_python))
+    p = run.probe("c_extension_build")
+    if run.probe("c_compiler")["status"] != "pass":
+        pytest.skip("no C compiler on this machine")
+    assert p["code"] == "NO_PYTHON_H" and "Python.h" in p["evidence"]["compiler_output"]
+
+
+def _ro_tmpfs(tmp_path: Path) -> Path:
+    target = tmp_path / "ro"
+    target.mkdir()
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(target)], capture_output=True
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {res.stderr.decode()[-200:]}")
+    return target
+
+
+def _under_a_file(tmp_path: Path) -> Path:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a dir")
+    return blocker / "cache"
+
+
+def _chmod_500(tmp_path: Path) -> Path:
+    if os.geteuid() == 0:
+        pytest.skip("root ignores permission bits")
+    d = tmp_path / "locked"
+    d.mkdir(mode=0o500)
+    return d
+
+
+@pytest.mark.parametrize(
+    "make", [_under_a_file, _ro_tmpfs, _chmod_500], ids=["under-a-file", "ro-tmpfs", "chmod-500"]
+)
+def test_unwritable_triton_cache(tmp_path: Path, make) -> None:
+    cache = make(tmp_path)
+    try:
+        run = run_doctor(
+            "--no-gpu", "--only", "triton_cache_dir", env=doctor_env({"TRITON_CACHE_DIR": str(cache)})
+        )
+    finally:
+        if make is _ro_tmpfs:
+            subprocess.run(["umount", str(cache)], check=False)
+    p = run.probe("triton_cache_dir")
+    assert run.rc == 1 and p["code"] == "TRITON_CACHE_UNWRITABLE"
+    assert "TRITON_CACHE_DIR" in p["fix"] and str(cache) in p["fix"]
+
+
+def test_model_path_missing(tmp_path: Path) -> None:
+    run = run_doctor("--no-gpu", "--only", "model_config", "--model", str(tmp_path / "nope"))
+    assert run.rc == 1 and run.probe("model_config")["code"] == "MODEL_PATH_MISSING"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"model_type": "qwen3_5_text", "hidden_size": 25',
+        '{"model_type": "qwen3_5_text", "vocab_size": 10}',
+        "[1, 2]",
+    ],
+    ids=["truncated-json", "missing-fields", "not-an-object"],
+)
+def test_model_config_corrupt(tmp_path: Path, content: str) -> None:
+    (tmp_path / "config.json").write_text(content)
+    run = run_doctor("--no-gpu", "--only", "model_config", "--model", str(tmp_path))
+    p = run.probe("model_config")
+    assert run.rc == 1 and p["code"] == "MODEL_CONFIG_CORRUPT" and p["fix"]
+
+
+def test_model_weights_incomplete(tmp_path: Path) -> None:
+    cfg = (Path(__file__).parents[1] / "src/mlstack_doctor/configs/qwen3_5_tiny.json").read_text()
+    (tmp_path / "config.json").write_text(cfg)
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"")
+    (tmp_path / "model.safetensors.index.json").write_text(
+        '{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}'
+    )
+    run = run_doctor("--no-gpu", "--only", "model_config", "--model", str(tmp_path))
+    p = run.probe("model_config")
+    assert p["code"] == "MODEL_CONFIG_CORRUPT" and p["evidence"]["missing_shards"] == [
+        "model-00002-of-00002.safetensors"
+    ]
+
+
+def test_model_type_unknown(torch_venv: Path, tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "qwen9_next_hybrid", "hidden_size": 8, '
+        '"num_hidden_layers": 1, "vocab_size": 8, "num_attention_heads": 1}'
+    )
+    run = run_doctor("--no-gpu", "--only", "model_config", "--model", str(tmp_path), python=str(torch_venv))
+    p = run.probe("model_config")
+    assert run.rc == 1 and p["code"] == "MODEL_TYPE_UNKNOWN", p
+    assert "transformers" in p["fix"]
+
+
+@pytest.mark.parametrize("model,params_b", [("tiny", 0.02), ("27b", 25.38)])
+def test_shipped_configs_build_in_transformers(torch_venv: Path, model: str, params_b: float) -> None:
+    run = run_doctor("--no-gpu", "--only", "model_config", "--model", model, python=str(torch_venv))
+    ev = run.probe("model_config")["evidence"]
+    assert run.rc == 0 and ev["model_type"] == "qwen3_5_text"
+    assert round(ev["params"] / 1e9, 2) == params_b
+    assert set(ev["layer_types"]) == {"linear_attention", "full_attention"}
+
+
+def test_versions_off_profile(torch_venv: Path, tmp_path: Path) -> None:
+    lock = write_lock(
+        tmp_path / "p", {"torch": "2.11.0", "transformers": TEST_TRANSFORMERS, "numpy": "2.0.0"}
+    )
+    run = run_doctor("--no-gpu", "--profile", str(lock.parent), python=str(torch_venv))
+    p = run.probe("package_versions")
+    assert run.rc == 1 and p["code"] == "VERSION_OFF_PROFILE"
+    assert p["evidence"]["off_profile"]["torch"] == {"installed": TEST_TORCH + "+cpu", "expected": "2.11.0"}
+    assert p["fix"] == f"cd {lock.parent} && uv sync --frozen"
+
+
+def test_default_profile_missing_packages_named() -> None:
+    run = run_doctor("--no-gpu", "--only", "package_versions")
+    p = run.probe("package_versions")
+    if p["status"] == "pass":
+        pytest.skip("this interpreter has the whole default stack")
+    assert (
+        p["code"] in ("PACKAGE_MISSING", "VERSION_OFF_PROFILE") and sys.executable in p["fix"]
+    ) or "pip" in p["fix"]
+
+
+@pytest.mark.parametrize(
+    "args", [("--profile", "/nonexistent/profile"), ("--only", "no_such_probe"), ("--tier", "bogus")]
+)
+def test_exit_2_when_the_doctor_cannot_run(args: tuple[str, ...]) -> None:
+    run = run_doctor(*args)
+    assert run.rc == 2 and run.stdout == ""
+
+
+def test_output_file_and_table(tmp_path: Path) -> None:
+    out = tmp_path / "r" / "report.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlstack_doctor",
+            "--no-gpu",
+            "--only",
+            "c_compiler,triton_cache_dir",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=doctor_env(),
+    )
+    import json
+
+    from conftest import validate
+
+    validate(json.loads(out.read_text()))
+    assert "STATUS" in proc.stdout and "c_compiler" in proc.stdout
+    assert "[1/2]" in proc.stderr  # progress goes to stderr
+
+
+def test_help_documents_exit_codes() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlstack_doctor", "--help"], capture_output=True, text=True, env=doctor_env()
+    )
+    assert proc.returncode == 0
+    for line in ("0  every probe passed", "1  a probe failed", "2  the doctor itself could not run"):
+        assert line in proc.stdout
+
+
+def test_python_version_in_fix_is_the_interpreters() -> None:
+    from mlstack_doctor.diagnosis import fix_for
+
+    assert fix_for("NO_PYTHON_H", py_ver=PY_VER) == f"apt-get install -y python{PY_VER}-dev"

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: venv testbed provision verify test lint unit down
+.PHONY: venv testbed provision verify test lint unit down purge
 
 $(VENV)/.done: requirements-controller.txt requirements-controller.lock verify/pyproject.toml
 	python3 -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }
@@ -19,7 +19,7 @@ $(VENV)/.done: requirements-controller.txt requirements-controller.lock verify/p
 venv: $(VENV)/.done
 
 testbed: venv
-	testbed/testbed up
+	testbed/testbed up --gpu-nodes 2
 
 # Command 1: a real container on the testbed, provisioned and verified.
 provision: testbed
@@ -43,3 +43,7 @@ test: lint testbed
 
 down:
 	testbed/testbed down
+
+# Also destroy the testbed's containers and its cached template.
+purge:
+	testbed/testbed down --purge

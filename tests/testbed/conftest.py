@@ -2,7 +2,6 @@
 that clean up after themselves. Test containers use vmids 900-949 only."""
 
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -30,16 +29,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.testbed)
             if os.geteuid() != 0:
                 item.add_marker(skip)
-
-
-@pytest.fixture(scope="session")
-def testbed() -> client.Testbed:
-    """`testbed/testbed up --gpu-nodes 2` (idempotent) and its connection info."""
-    r = subprocess.run(
-        [str(TESTBED), "up", "--gpu-nodes", "2"], capture_output=True, text=True, timeout=1200, check=False
-    )
-    assert r.returncode == 0, f"testbed up failed:\n{r.stdout}\n{r.stderr}"
-    return client.load()
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "tests" / "provision"))
 
 from playbook_runner import PlaybookRun, container, make_runner  # noqa: E402
 
-BENCH_CACHE = "/var/lib/mlstack-bench/cache/uv"
+BENCH_CACHE = "/var/lib/mlstack/bench/cache/uv"
 VENV_TASK = "Build the venv from the lock"
 PROFILE_ENV = {
     "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
 
-    shutil.rmtree(Path(BENCH_CACHE).parent, ignore_errors=True)
+    shutil.rmtree(BENCH_CACHE, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix="mlstack-bench-"))
     runner = make_runner(work, env=PROFILE_ENV)
     first, second = [container(190)], [container(191)]

@@ -13,6 +13,8 @@ SSH_DIR = STATE_DIR / "ssh"
 SBIN_DIR = STATE_DIR / "sbin"
 API_STATE = STATE_DIR / "api-state.json"
 GPU_NODES_FILE = STATE_DIR / "gpu-nodes.json"
+# pct's direct backend (no API server): one PVE-format config per container, as /etc/pve/lxc/<vmid>.conf.
+DIRECT_DIR = STATE_DIR / "direct"
 # The storage 'local' (type dir) lives here, as /var/lib/vz does on PVE.
 LOCAL_STORAGE = STATE_DIR / "storage" / "local"
 TEMPLATE_CACHE = LOCAL_STORAGE / "template" / "cache"
@@ -52,6 +54,11 @@ SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 
 TESTBED_DIR = Path(__file__).resolve().parent.parent
 REPO_DIR = TESTBED_DIR.parent
+
+
+def lxc_config_dir() -> str:
+    """LXC's shipped config dir: /usr/share/lxc/config, or a private prefix's ($MLSTACK_LXC_CONFIG_DIR)."""
+    return os.environ.get("MLSTACK_LXC_CONFIG_DIR") or "/usr/share/lxc/config"
 
 
 def venv_python() -> str:

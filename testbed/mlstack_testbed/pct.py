@@ -4,6 +4,10 @@ config / set / create / destroy / start / stop / shutdown / reboot / status / li
 API as root@pam, so API state and real state stay one. exec / push / pull use lxc-attach directly, as
 PVE's pct does: exec clears the environment (PVE 9), passes stdin through and returns the command's
 exit code. Errors print PVE's message and exit 255, as PVE's CLI does.
+
+Where no testbed runs (no testbed.json, e.g. a GPU machine without network) or with
+MLSTACK_TESTBED_PCT=direct, the non-exec verbs use the direct backend (direct.py): the same LXC
+translation on a local config file per container, no API server. MLSTACK_TESTBED_PCT=api forces the API.
 """
 
 import os
@@ -245,6 +249,14 @@ def cmd_pull(vmid: int, rest: list[str]) -> int:
     return 0
 
 
+def direct_mode() -> bool:
+    """The direct backend: asked for, or no testbed (API) on this machine."""
+    mode = os.environ.get("MLSTACK_TESTBED_PCT", "")
+    if mode in ("direct", "api"):
+        return mode == "direct"
+    return not paths.TESTBED_JSON.is_file()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("help", "-h", "--help"):
@@ -252,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     verb, rest = args[0], args[1:]
     if verb == "list":
+        if direct_mode():
+            from . import direct
+
+            return direct.main(verb, None, [], parse_opts)
         return cmd_list()
     if not rest:
         die(f"400 not enough arguments\n{USAGE}")
@@ -263,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_push(vmid, rest)
     if verb == "pull":
         return cmd_pull(vmid, rest)
+    if direct_mode():
+        from . import direct
+
+        return direct.main(verb, vmid, rest, parse_opts)
     if verb == "create":
         return cmd_create(vmid, rest)
     opts = parse_opts(rest)

@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from . import lxcconf, paths
@@ -102,12 +102,24 @@ def create_from_template(vmid: int, tarball: Path, unprivileged: bool) -> None:
     )
 
 
-def write_config(vmid: int, config: Mapping[str, object]) -> lxcconf.CtSpec:
-    """Write /var/lib/lxc/<vmid>/config from the PVE config; validates devN and bind mounts."""
+def write_config(
+    vmid: int, config: Mapping[str, object], rootfs_path: str | None = None, extra: Sequence[str] = ()
+) -> lxcconf.CtSpec:
+    """Write /var/lib/lxc/<vmid>/config from the PVE config; validates devN and bind mounts.
+    rootfs_path (LXC syntax) and extra lines are for other rootfs providers (pct's direct backend)."""
     spec = lxcconf.from_pve_config(
-        vmid, config, f"dir:{rootfs_dir(vmid)}", passthrough_dir(vmid), BRIDGES, IDMAP, apparmor_enabled()
+        vmid,
+        config,
+        rootfs_path or f"dir:{rootfs_dir(vmid)}",
+        passthrough_dir(vmid),
+        BRIDGES,
+        IDMAP,
+        apparmor_enabled(),
     )
-    text = lxcconf.render(spec, lxcconf.CgroupLayout.detect(), origin=ORIGIN)
+    spec.extra += list(extra)
+    text = lxcconf.render(
+        spec, lxcconf.CgroupLayout.detect(), lxc_config_dir=paths.lxc_config_dir(), origin=ORIGIN
+    )
     tmp = ct_dir(vmid) / "config.new"
     tmp.write_text(text)
     tmp.replace(ct_dir(vmid) / "config")
@@ -172,10 +184,18 @@ def setup_guest(vmid: int, spec: lxcconf.CtSpec, config: Mapping[str, object]) -
 # ------------------------------------------------------------------------ lifecycle
 
 
-def start(vmid: int, config: Mapping[str, object], timeout: float = 30) -> None:
-    spec = write_config(vmid, config)
+def start(
+    vmid: int,
+    config: Mapping[str, object],
+    timeout: float = 30,
+    rootfs_path: str | None = None,
+    extra: Sequence[str] = (),
+    guest_setup: bool = True,
+) -> None:
+    spec = write_config(vmid, config, rootfs_path, extra)
     lxcconf.prepare_passthrough(passthrough_dir(vmid), spec.devs, spec.idmap)
-    setup_guest(vmid, spec, config)
+    if guest_setup:
+        setup_guest(vmid, spec, config)
     log = paths.LOG_DIR / f"lxc-{vmid}.log"
     r = run(["lxc-start", "-n", str(vmid), "-l", "ERROR", "-o", str(log)], timeout=timeout)
     if not r.ok:
@@ -205,6 +225,12 @@ def destroy(vmid: int) -> None:
     if not ct_dir(vmid).exists():
         return
     stop(vmid)
+    from . import hostroot
+
+    if hostroot.is_hostroot(vmid):
+        # Its rootfs is a mount of the machine's own root: unmount, never rm -rf through it.
+        hostroot.remove(vmid)
+        return
     r = run(["lxc-destroy", "-n", str(vmid)], timeout=120)
     if ct_dir(vmid).exists():
         # lxc-destroy refuses a directory without a valid config; the rootfs is ours.

@@ -170,16 +170,3 @@ class TemplateRootfs:
 
         realct.create_from_template(vmid, self.tarball, unprivileged)
         return f"dir:{realct.rootfs_dir(vmid)}"
-
-
-@dataclass
-class HostRootRootfs:
-    """The machine's own root as the container's rootfs (privileged only): for a GPU machine with no
-    network, where the driver libraries and the venv already live on the host."""
-
-    path: str = "/"
-
-    def provide(self, vmid: int, unprivileged: bool) -> str:
-        if unprivileged:
-            raise ValueError("the host's own root can back only a privileged container")
-        return f"dir:{self.path}"

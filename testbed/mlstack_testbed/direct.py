@@ -1,0 +1,246 @@
+"""pct's direct backend: the pct verbs on real LXC containers where no testbed API runs.
+
+For a machine with no network and no testbed (a lent GPU machine): no fakepve, aiohttp, proxmoxer or
+TLS, standard library only. Each container's PVE config is a file, `<state>/direct/<vmid>.conf`, in
+PVE's format (`key: value`), as /etc/pve/lxc/<vmid>.conf is on a node. The PVE-to-LXC work is the
+testbed's own: devN values checked as PVE checks them at config time (lxcconf.parse_dev and
+check_device, PVE's wording), and at start realct.start -> lxcconf (cgroup allows, passthrough nodes
+mknod'ed with gid/mode, bind entries, autodev) exactly as the API backend does.
+
+Root filesystems: `pct create <vmid> hostroot[:overlay|:bind]` uses the machine's own root
+(hostroot.py); any other ostemplate is an OS template tarball (a path, or `local:vztmpl/<file>` in
+the testbed's storage) unpacked as the API backend does.
+"""
+
+import re
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from . import hostroot, lxcconf, paths, realct
+
+HOSTROOT = "hostroot"
+# What `pct create`/`set` store as given; others are refused as PVE's schema refuses them.
+KNOWN = re.compile(
+    r"^(arch|cores|cpulimit|description|features|hostname|memory|nameserver|onboot|ostype|protection|"
+    r"rootfs|searchdomain|swap|tags|timezone|unprivileged|cmode|console|tty|startup|"
+    r"(dev|mp|net)\d+)$"
+)
+
+
+class DirectError(Exception):
+    """A pct error: str() is PVE's message."""
+
+
+def die(msg: str) -> NoReturn:
+    print(msg.rstrip("\n"), file=sys.stderr)
+    sys.exit(255)
+
+
+def conf_file(vmid: int) -> Path:
+    return paths.DIRECT_DIR / f"{vmid}.conf"
+
+
+def read(vmid: int) -> dict[str, str]:
+    f = conf_file(vmid)
+    if not f.is_file():
+        raise DirectError(f"Configuration file 'nodes/{paths.NODE}/lxc/{vmid}.conf' does not exist")
+    cfg: dict[str, str] = {}
+    desc = []
+    for line in f.read_text().splitlines():
+        if line.startswith("#"):
+            desc.append(line[1:])
+        elif ": " in line:
+            k, v = line.split(": ", 1)
+            cfg[k] = v
+    if desc:
+        cfg["description"] = "\n".join(desc)
+    return cfg
+
+
+def write(vmid: int, cfg: dict[str, str]) -> None:
+    paths.DIRECT_DIR.mkdir(parents=True, exist_ok=True)
+    lines = [f"#{d}" for d in cfg.get("description", "").splitlines()]
+    lines += [f"{k}: {cfg[k]}" for k in sorted(cfg) if k != "description"]
+    tmp = conf_file(vmid).with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(conf_file(vmid))
+
+
+def check_values(values: dict[str, str]) -> None:
+    """PVE's config-time checks for what passthrough depends on."""
+    for key, value in values.items():
+        if not KNOWN.match(key):
+            raise DirectError(f"400 Parameter verification failed.\n{key}: property is not defined in schema")
+        try:
+            if lxcconf.DEV_KEY.match(key):
+                lxcconf.check_device(lxcconf.parse_dev(key, value).path)
+            elif lxcconf.MP_KEY.match(key):
+                lxcconf.parse_mp(key, value)
+        except lxcconf.PveFormatError as e:
+            raise DirectError(f"400 Parameter verification failed.\n{key}: invalid format - {e}") from None
+        except lxcconf.PveConfigError as e:
+            raise DirectError(str(e)) from None
+
+
+def _hostroot_mode(cfg: dict[str, str]) -> str | None:
+    rootfs = cfg.get("rootfs", "")
+    if not rootfs.startswith(HOSTROOT):
+        return None
+    return rootfs.split(",")[0].partition(":")[2] or "overlay"
+
+
+def _template(ostemplate: str) -> Path:
+    sid, _, volname = ostemplate.partition(":")
+    if ostemplate.startswith("/"):
+        return Path(ostemplate)
+    if sid == paths.STORAGE and volname.startswith("vztmpl/"):
+        return paths.TEMPLATE_CACHE / volname.split("/", 1)[1]
+    raise DirectError(f"unable to parse volume ID '{ostemplate}'")
+
+
+# ------------------------------------------------------------------------------- verbs
+
+
+def create(vmid: int, ostemplate: str, opts: dict[str, str]) -> None:
+    if conf_file(vmid).exists() or realct.ct_dir(vmid).exists():
+        raise DirectError(f"unable to create CT {vmid} - CT {vmid} already exists on node '{paths.NODE}'")
+    start_after = opts.pop("start", "0") in ("1", "yes", "true")
+    opts.pop("storage", None)
+    opts.pop("password", None)
+    check_values(opts)
+    cfg = dict(opts)
+    unpriv = cfg.get("unprivileged", "0") in ("1", "yes", "true")
+    if ostemplate == HOSTROOT or ostemplate.startswith(HOSTROOT + ":"):
+        mode = ostemplate.partition(":")[2] or "overlay"
+        if mode not in hostroot.MODES:
+            raise DirectError(f"unable to create CT {vmid} - unknown host-root mode '{mode}'")
+        cfg["rootfs"] = f"{HOSTROOT}:{mode}"
+        realct.ct_dir(vmid).mkdir(parents=True)
+        realct.ct_dir(vmid).chmod(0o755 if unpriv else 0o750)
+        hostroot.marker(vmid).write_text(mode + "\n")
+        (realct.ct_dir(vmid) / "config").write_text(
+            f"# Generated by {realct.ORIGIN}: a placeholder until the first start\n"
+            f"lxc.uts.name = CT{vmid}\nlxc.rootfs.path = dir:{realct.rootfs_dir(vmid)}\n"
+        )
+    else:
+        try:
+            realct.create_from_template(vmid, _template(ostemplate), unpriv)
+        except realct.RealCtError as e:
+            raise DirectError(f"unable to create CT {vmid} - {e}") from None
+        cfg.setdefault("rootfs", f"{paths.STORAGE}:{vmid}/vm-{vmid}-disk-0.raw,size=4G")
+    cfg.setdefault("hostname", f"CT{vmid}")
+    cfg.setdefault("arch", "amd64")
+    write(vmid, cfg)
+    if start_after:
+        start(vmid)
+
+
+def set_config(vmid: int, opts: dict[str, str]) -> None:
+    cfg = read(vmid)
+    deletes = [k for k in re.split(r"[,;\s]+", opts.pop("delete", "")) if k]
+    opts.pop("digest", None)
+    check_values(opts)
+    cfg.update(opts)
+    for k in deletes:
+        cfg.pop(k, None)
+    write(vmid, cfg)  # a running container gets it at its next start (no hotplug, as on the testbed)
+
+
+def start(vmid: int) -> None:
+    cfg = read(vmid)
+    if realct.state(vmid)[0] == "running":
+        raise DirectError(f"CT {vmid} already running")
+    mode = _hostroot_mode(cfg)
+    try:
+        if mode:
+            rootfs = hostroot.mount(vmid, mode)
+            hostroot.prepare_targets(vmid, lxcconf.mounts_of(cfg))
+            realct.start(vmid, cfg, rootfs_path=rootfs, extra=hostroot.INIT_LINES, guest_setup=False)
+        else:
+            realct.start(vmid, cfg)
+    except (realct.RealCtError, hostroot.HostRootError, lxcconf.PveConfigError, OSError) as e:
+        print(str(e), file=sys.stderr)
+        raise DirectError(f"startup for container '{vmid}' failed") from None
+
+
+def stop(vmid: int, timeout: int | None = None, force: bool = True) -> None:
+    read(vmid)
+    try:
+        realct.stop(vmid, timeout, force)
+    except realct.RealCtError as e:
+        raise DirectError(str(e)) from None
+
+
+def destroy(vmid: int, force: bool = False) -> None:
+    cfg = read(vmid)
+    if realct.state(vmid)[0] == "running":
+        if not force:
+            raise DirectError(f"CT {vmid} is running - destroy failed")
+        stop(vmid)
+    try:
+        if _hostroot_mode(cfg):
+            # Never lxc-destroy a host-root container: its config names the host's root.
+            hostroot.remove(vmid)
+        else:
+            realct.destroy(vmid)
+    except (realct.RealCtError, hostroot.HostRootError) as e:
+        raise DirectError(str(e)) from None
+    conf_file(vmid).unlink(missing_ok=True)
+
+
+def status(vmid: int) -> str:
+    read(vmid)
+    return "running" if realct.state(vmid)[0] == "running" else "stopped"
+
+
+def vmids() -> list[int]:
+    if not paths.DIRECT_DIR.is_dir():
+        return []
+    return sorted(int(p.stem) for p in paths.DIRECT_DIR.glob("*.conf") if p.stem.isdigit())
+
+
+def main(verb: str, vmid: int | None, rest: list[str], parse_opts) -> int:  # type: ignore[no-untyped-def]
+    """pct's verbs on this backend; errors print PVE's message and exit 255."""
+    try:
+        if verb == "list":
+            print(f"{'VMID':<10} {'Status':<10} {'Lock':<10} Name")
+            for v in vmids():
+                print(f"{v:<10} {status(v):<10} {'':<10} {read(v).get('hostname', '')}")
+            return 0
+        assert vmid is not None
+        if verb == "create":
+            if not rest or rest[0].startswith("-"):
+                raise DirectError("400 not enough arguments")
+            create(vmid, rest[0], parse_opts(rest[1:]))
+            return 0
+        opts = parse_opts(rest)
+        if verb == "config":
+            cfg = read(vmid)
+            desc = cfg.pop("description", None)
+            for line in (desc or "").splitlines():
+                print(f"#{line}")
+            for k in sorted(cfg):
+                print(f"{k}: {cfg[k]}")
+        elif verb == "set":
+            if not opts:
+                raise DirectError("400 no options specified")
+            set_config(vmid, opts)
+        elif verb == "start":
+            start(vmid)
+        elif verb == "stop":
+            stop(vmid)
+        elif verb == "shutdown":
+            stop(vmid, int(opts.get("timeout", 60)), opts.get("forceStop") in ("1", "yes", "true"))
+        elif verb == "reboot":
+            stop(vmid, int(opts.get("timeout", 60)), True)
+            start(vmid)
+        elif verb == "destroy":
+            destroy(vmid, opts.get("force") in ("1", "yes", "true"))
+        elif verb == "status":
+            print(f"status: {status(vmid)}")
+        else:
+            raise DirectError(f"unknown command 'pct {verb}'")
+    except DirectError as e:
+        die(str(e))
+    return 0

@@ -71,6 +71,9 @@ def test_every_code_has_a_one_line_fix(code: str) -> None:
         pins="x",
         torch_pin="triton==3.6.0",
         model_dir="/m",
+        model="27b",
+        seq_len="2048",
+        batch="1",
     )
     assert (
         fix

@@ -282,3 +282,55 @@ def test_python_version_in_fix_is_the_interpreters() -> None:
     from mlstack_doctor.diagnosis import fix_for
 
     assert fix_for("NO_PYTHON_H", py_ver=PY_VER) == f"apt-get install -y python{PY_VER}-dev"
+
+
+def test_warm_tier_without_gpu_is_skipped_with_its_reason(torch_venv: Path, matching_lock: Path) -> None:
+    from mlstack_doctor.engine import WARM_TIER
+
+    run = run_doctor(
+        "--tier", "warm", "--no-gpu", "--profile", str(matching_lock), "--seq-len", "2048,4096",
+        python=str(torch_venv),
+    )  # fmt: skip
+    assert run.rc == 0 and run.report["tier"] == "warm", run.stdout
+    assert [p["name"] for p in run.report["probes"]] == list(WARM_TIER)
+    p = run.probe("triton_warm")
+    assert p["status"] == "skip" and p["summary"] == "no GPU expected (--no-gpu)"
+    assert run.report["options"]["seq_lens"] == [2048, 4096]
+
+
+MICRO = {
+    "model_type": "qwen3_5_text",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 2,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+}
+
+
+@pytest.mark.parametrize("mode", ["warm", "stress"])
+def test_warm_and_stress_passes_run_for_real_on_cpu(torch_venv: Path, tmp_path: Path, mode: str) -> None:
+    """The worker code of the warm step and the stress tier, on the CPU (torch's reference kernels)."""
+    from mlstack_doctor import runner
+
+    args = {"mode": mode, "config_dict": MICRO, "device": "cpu", "seq_lens": [32, 64], "batch": 2}
+    args["threads"] = 3
+    res = runner.run_worker(
+        "w_model.py", args, timeout=600, python=str(torch_venv), env={"TRITON_CACHE_DIR": str(tmp_path)}
+    )
+    assert res.ok, res.error_text
+    if mode == "warm":
+        assert res.data["backward"] == "warmed" and [s["seq_len"] for s in res.data["shapes"]] == [32, 64]
+        assert all("train_step_s" in s and "forward_s" in s for s in res.data["shapes"])
+        assert res.data["autotune_files_new"] == 0 and res.data["fla_in_use"] is False
+    else:
+        cold = res.data["cold"]
+        assert cold["errors"] == [] and cold["backward_errors"] == [] and len(cold["rounds"]) == 2
+        assert res.data["threads"] == 3 and "after_warmup" not in res.data

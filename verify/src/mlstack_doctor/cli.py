@@ -25,7 +25,16 @@ tiers:
   quick   host, toolchain, packages, torch CUDA, Triton target, FLA device/kernel, GDN backward,
           model config (no model is run)
   full    quick + a model forward on the GPU (random init from config, or real weights)
-  stress  full + N threads forwarding at once on a cold Triton cache (autotuner race)
+  stress  full + N threads running the training passes at once (autotuner race): on the shared
+          Triton cache (default; a warmed cache must pass) or a fresh empty one (--stress-cache fresh)
+  warm    host, toolchain, packages, model config, then the warm step: in ONE thread, forward and
+          backward at the training shapes (--seq-len, --batch-size) of a depth-reduced copy of the
+          config (same widths), so every autotuned kernel is tuned and on disk before training starts
+          several threads; skipped when its cache key (GPU, torch/triton/FLA/transformers, config,
+          shapes) is already warm in TRITON_CACHE_DIR
+
+The GPU probes run in ONE worker process that imports torch, Triton, transformers and FLA once
+(MLSTACK_DOCTOR_SESSION=0: one process per probe); triton_target keeps its own fresh-cache process.
 
 --model: tiny | 27b (shipped Qwen3.5 configs) | a config.json | a directory with config.json
 (+ *.safetensors: real weights are loaded with device_map).
@@ -64,6 +73,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")
     p.add_argument("--threads", type=int, default=4, help="stress tier: threads over the GPUs (default 4)")
     p.add_argument(
+        "--seq-len",
+        type=_int_list,
+        default=[2048],
+        metavar="N[,N]",
+        help="warm and stress tiers: training sequence length(s) (default 2048)",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=1, help="warm and stress tiers: training batch size (default 1)"
+    )
+    p.add_argument(
+        "--warm-layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="warm and stress tiers: layers of the depth-reduced config "
+        "(default: one of each layer type, 4 for Qwen3.5; 0: full depth)",
+    )
+    p.add_argument(
+        "--stress-cache",
+        choices=("shared", "fresh"),
+        default="shared",
+        help="stress tier: the TRITON_CACHE_DIR training uses (default) or a fresh empty cache",
+    )
+    p.add_argument("--rewarm", action="store_true", help="warm tier: warm even when the cache key is warm")
+    p.add_argument(
         "--tokens", type=int, default=2048, help="full tier: tokens in the timed forward (default 2048)"
     )
     p.add_argument(
@@ -79,6 +113,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--version", action="version", version=f"mlstack-doctor {__version__}")
     return p
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"needs integers >= 1: {text!r}")
+    return values
+
+
+def _note(quiet: bool):
+    def show(text: str) -> None:
+        if not quiet:
+            sys.stderr.write(f"      {text}\n")
+            sys.stderr.flush()
+
+    return show
 
 
 def _progress(quiet: bool):
@@ -107,8 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     except profile.ProfileError as exc:
         sys.stderr.write(f"mlstack-doctor: cannot run: {exc}\n")
         return EXIT_CANNOT_RUN
-    if args.threads < 1 or args.tokens < 1:
-        sys.stderr.write("mlstack-doctor: cannot run: --threads and --tokens must be >= 1\n")
+    if args.threads < 1 or args.tokens < 1 or args.batch_size < 1:
+        sys.stderr.write("mlstack-doctor: cannot run: --threads, --tokens and --batch-size must be >= 1\n")
+        return EXIT_CANNOT_RUN
+    if args.warm_layers is not None and args.warm_layers < 0:
+        sys.stderr.write("mlstack-doctor: cannot run: --warm-layers must be >= 0\n")
         return EXIT_CANNOT_RUN
     names = {p.name for p in engine.PROBES}
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
@@ -122,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         profile=prof,
         threads=args.threads,
         tokens=args.tokens,
+        seq_lens=args.seq_len,
+        batch_size=args.batch_size,
+        warm_layers=args.warm_layers,
+        stress_cache=args.stress_cache,
+        rewarm=args.rewarm,
         timeout_scale=args.timeout_scale,
         measure_peak=args.measure_peak,
         only=only,
@@ -129,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(opts)
     started = render.now()
     try:
-        results = engine.run(ctx, _progress(args.quiet), _done(args.quiet))
+        results = engine.run(ctx, _progress(args.quiet), _done(args.quiet), _note(args.quiet))
     except Exception:
         sys.stderr.write("mlstack-doctor: internal error, cannot run:\n" + traceback.format_exc())
         return EXIT_CANNOT_RUN
@@ -141,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         "profile": args.profile,
         "threads": args.threads,
         "tokens": args.tokens,
+        "seq_lens": args.seq_len,
+        "batch_size": args.batch_size,
+        "warm_layers": args.warm_layers,
+        "stress_cache": args.stress_cache,
+        "rewarm": args.rewarm,
         "only": only,
         "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
     }

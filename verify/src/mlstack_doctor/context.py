@@ -8,6 +8,7 @@ from typing import Any
 
 from mlstack_doctor.profile import Profile
 from mlstack_doctor.record import Result
+from mlstack_doctor.runner import Background, Session
 
 
 @dataclass
@@ -18,7 +19,11 @@ class Options:
     profile: Profile | None = None
     threads: int = 4
     tokens: int = 2048
-    stress_tokens: int = 256
+    seq_lens: list[int] = field(default_factory=lambda: [2048])  # warm and stress: training shapes
+    batch_size: int = 1
+    warm_layers: int | None = None  # None: one layer of each type (Qwen3.5: 4); 0: full depth
+    stress_cache: str = "shared"  # shared: TRITON_CACHE_DIR as training uses it; fresh: an empty one
+    rewarm: bool = False
     timeout_scale: float = 1.0
     measure_peak: bool = True
     only: list[str] | None = None
@@ -29,6 +34,8 @@ class Context:
     opts: Options
     results: dict[str, Result] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
+    session: Session | None = None  # the long-lived GPU worker (engine.run opens and closes it)
+    background: dict[str, tuple[Background, str]] = field(default_factory=dict)
 
     def timeout(self, seconds: float) -> float:
         return seconds * self.opts.timeout_scale

@@ -169,9 +169,9 @@ CODES: dict[str, Code] = {
     # stress
     "AUTOTUNER_RACE": Code(
         "Triton's autotuner raced with several threads on a cold cache (triton-lang/triton#11494)",
-        "warm the cache with one thread first (mlstack-doctor --tier full --model <your config>) "
-        "with the same "
-        "TRITON_CACHE_DIR, or serialise the first forward of each kernel",
+        "warm the cache once, in one thread, with the same TRITON_CACHE_DIR: mlstack-doctor --tier warm "
+        "--model {model} --seq-len {seq_len} --batch-size {batch} (provisioning: the triton_warm role), "
+        "or serialise the first forward of each kernel",
     ),
     "CONCURRENT_INIT_RACE": Code(
         "concurrent first forwards raced in a lazy initialisation "
@@ -179,6 +179,11 @@ CODES: dict[str, Code] = {
         "run one forward on one thread first (warm-up), then start the other threads",
     ),
     "STRESS_FAILED": Code("a concurrent forward failed", "read evidence.cold.errors"),
+    # warm
+    "WARM_FAILED": Code(
+        "the warm step's single-thread forward/backward failed",
+        "read evidence.exception; then mlstack-doctor --tier warm again (what was tuned stays in the cache)",
+    ),
     # generic
     "PROBE_TIMEOUT": Code(
         "the probe did not finish in time", "rerun with --timeout-scale 3; a hung GPU needs nvidia-smi"

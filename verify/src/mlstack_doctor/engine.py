@@ -3,19 +3,28 @@
 A probe runs only if every prerequisite that ran in this tier passed or warned; otherwise it is
 `skip` with the reason and `skipped_by` naming the ROOT failure (the first failed probe in the
 chain), so summary.root_cause is always the first failure.
+
+The GPU probes marked `session` run in ONE long-lived worker (runner.Session), started before the CPU
+probes so its imports overlap them; triton_target's fresh-cache process starts then too. When the
+session dies or hangs in a probe, that probe reports it and the later session probes are skipped
+with skipped_by naming it.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mlstack_doctor import runner
 from mlstack_doctor.context import Context
-from mlstack_doctor.probes import gpu, host, model, packages, toolchain
+from mlstack_doctor.probes import gpu, host, model, packages, toolchain, warm
 from mlstack_doctor.record import Result, Stage, Status, skipped
 
-TIERS = ("quick", "full", "stress")
+TIERS = ("quick", "full", "stress", "warm")
+RANKED = ("quick", "full", "stress")  # each includes the one before; warm is its own list (WARM_TIER)
 
 
 @dataclass(frozen=True)
@@ -28,6 +37,7 @@ class Probe:
     gpu: bool = False
     min_tier: str = "quick"
     slow: bool = False
+    session: bool = False  # runs in the long-lived GPU worker
 
 
 PROBES: tuple[Probe, ...] = (
@@ -51,6 +61,7 @@ PROBES: tuple[Probe, ...] = (
         ("torch",),
         gpu=True,
         slow=True,
+        session=True,
     ),
     Probe(
         "triton_target",
@@ -61,7 +72,16 @@ PROBES: tuple[Probe, ...] = (
         gpu=True,
         slow=True,
     ),
-    Probe("fla_device", Stage.FLA, gpu.fla_device, ("triton_target",), ("fla-core",), gpu=True, slow=True),
+    Probe(
+        "fla_device",
+        Stage.FLA,
+        gpu.fla_device,
+        ("triton_target",),
+        ("fla-core",),
+        gpu=True,
+        slow=True,
+        session=True,
+    ),
     Probe(
         "fla_kernel",
         Stage.FLA,
@@ -70,9 +90,17 @@ PROBES: tuple[Probe, ...] = (
         ("fla-core",),
         gpu=True,
         slow=True,
+        session=True,
     ),
     Probe(
-        "gdn_backward", Stage.TRAINING, gpu.gdn_backward, ("fla_kernel",), ("fla-core",), gpu=True, slow=True
+        "gdn_backward",
+        Stage.TRAINING,
+        gpu.gdn_backward,
+        ("fla_kernel",),
+        ("fla-core",),
+        gpu=True,
+        slow=True,
+        session=True,
     ),
     Probe("model_config", Stage.MODEL, model.model_config, slow=True),
     Probe(
@@ -84,6 +112,18 @@ PROBES: tuple[Probe, ...] = (
         gpu=True,
         min_tier="full",
         slow=True,
+        session=True,
+    ),
+    Probe(
+        "triton_warm",
+        Stage.WARM,
+        warm.triton_warm,
+        ("nvidia_driver", "cuda_visible_devices", "c_extension_build", "triton_cache_dir", "model_config"),
+        ("torch", "triton", "transformers", "fla-core"),
+        gpu=True,
+        min_tier="warm",
+        slow=True,
+        session=True,
     ),
     Probe(
         "autotune_stress",
@@ -98,9 +138,29 @@ PROBES: tuple[Probe, ...] = (
 )
 
 
+# The warm tier: what the warm step needs to be trusted (host, toolchain, packages, the config), then the
+# warm itself. No torch_cuda/FLA probes: the full tier proves those; a rerun on a warm key stays cheap.
+WARM_TIER = (
+    "nvidia_device_nodes",
+    "nvidia_driver",
+    "cuda_visible_devices",
+    "c_compiler",
+    "python_headers",
+    "c_extension_build",
+    "triton_cache_dir",
+    "package_versions",
+    "torch_triton_pin",
+    "causal_conv1d",
+    "model_config",
+    "triton_warm",
+)
+
+
 def selected(tier: str) -> list[Probe]:
-    rank = TIERS.index(tier)
-    return [p for p in PROBES if TIERS.index(p.min_tier) <= rank]
+    if tier == "warm":
+        return [p for p in PROBES if p.name in WARM_TIER]
+    rank = RANKED.index(tier)
+    return [p for p in PROBES if p.min_tier in RANKED and RANKED.index(p.min_tier) <= rank]
 
 
 def plan(ctx: Context) -> list[Probe]:
@@ -118,6 +178,15 @@ def gate(ctx: Context, probe: Probe) -> Result | None:
     """A skip Result if the probe must not run, else None."""
     if probe.gpu and not ctx.opts.expect_gpu:
         return skipped(probe.name, probe.stage, "no GPU expected (--no-gpu)")
+    s = ctx.session
+    if probe.session and s is not None and s.dead and s.died_in in ctx.results:
+        code = ctx.results[s.died_in].code
+        return skipped(
+            probe.name,
+            probe.stage,
+            f"skipped: the GPU worker process died in {s.died_in}{' (' + code + ')' if code else ''}",
+            skipped_by=s.died_in,
+        )
     for dep in probe.requires:
         res = ctx.results.get(dep)
         if res is None or res.status in (Status.PASS, Status.WARN):
@@ -143,25 +212,57 @@ def gate(ctx: Context, probe: Probe) -> Result | None:
     return None
 
 
+def _open(ctx: Context, probes: list[Probe], note: Callable[[str], None] | None) -> None:
+    """Start the GPU session (and triton_target's fresh-cache process) before the CPU probes run.
+
+    The session is started at once when the plan runs torch_cuda (the GPU chain); otherwise (the warm
+    tier, --only) it starts on first use, so a warm tier that finds its key warm never imports torch.
+    MLSTACK_DOCTOR_SESSION=0 runs each GPU probe in its own worker instead.
+    """
+    if not ctx.opts.expect_gpu:
+        return
+    names = {p.name for p in probes}
+    if os.environ.get("MLSTACK_DOCTOR_SESSION", "1") != "0" and any(p.session for p in probes):
+        ctx.session = runner.Session(on_progress=note)
+        if "torch_cuda" in names:
+            ctx.session.start(imports_timeout=ctx.timeout(600))
+    if "triton_target" in names:
+        gpu.start_triton_target(ctx)
+
+
+def _close(ctx: Context) -> None:
+    if ctx.session is not None:
+        ctx.session.close()
+    for bg, fresh in ctx.background.values():
+        bg.cancel()
+        shutil.rmtree(fresh, ignore_errors=True)
+    ctx.background.clear()
+
+
 def run(
     ctx: Context,
     progress: Callable[[int, int, Probe], None] | None = None,
     done: Callable[[Result], None] | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> list[Result]:
     probes = plan(ctx)
     out: list[Result] = []
-    for i, probe in enumerate(probes):
-        result = gate(ctx, probe)
-        if result is None:
-            if progress:
-                progress(i, len(probes), probe)
-            start = time.monotonic()
-            result = probe.fn(ctx)
-            result.duration_s = time.monotonic() - start
-        ctx.results[probe.name] = result
-        out.append(result)
-        if done:
-            done(result)
+    _open(ctx, probes, note)
+    try:
+        for i, probe in enumerate(probes):
+            result = gate(ctx, probe)
+            if result is None:
+                if progress:
+                    progress(i, len(probes), probe)
+                start = time.monotonic()
+                result = probe.fn(ctx)
+                result.duration_s = time.monotonic() - start
+            ctx.results[probe.name] = result
+            out.append(result)
+            if done:
+                done(result)
+    finally:
+        _close(ctx)
     return out
 
 

@@ -23,6 +23,7 @@ class Stage(str, enum.Enum):  # noqa: UP042
     FLA = "fla"
     TRAINING = "training"
     MODEL = "model"
+    WARM = "warm"
     STRESS = "stress"
 
 

@@ -1,14 +1,64 @@
-"""torch, Triton and FLA on the GPU: each check runs as a worker process of the interpreter under test."""
+"""torch, Triton and FLA on the GPU, in worker processes of the interpreter under test.
+
+The GPU probes run as requests to ONE long-lived worker (runner.Session) that imports the stack once;
+without a session (--no-gpu, or MLSTACK_DOCTOR_SESSION=0) each runs its own worker script as before.
+triton_target always runs in its own process with a fresh cache, started early, beside the imports.
+"""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from typing import Any
 
 from mlstack_doctor import runner
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
 from mlstack_doctor.record import Result, Stage, failed, passed
+
+# session op -> (worker script, its args) for a run without the session
+OPS: dict[str, tuple[str, dict[str, Any]]] = {
+    "torch_cuda": ("w_torch_cuda.py", {}),
+    "fla_device": ("w_fla.py", {"mode": "device"}),
+    "fla_kernel": ("w_fla.py", {"mode": "kernel"}),
+    "gdn_backward": ("w_fla.py", {"mode": "backward"}),
+    "model_config": ("w_model.py", {"mode": "config"}),
+    "model_forward": ("w_model.py", {"mode": "forward"}),
+    "warm": ("w_model.py", {"mode": "warm"}),
+}
+
+
+def call(
+    ctx: Context, probe: str, op: str, args: dict[str, Any], *, timeout: float, only_if_started: bool = False
+) -> runner.WorkerResult:
+    """Run `op` in the session when there is one (alive; started, if only_if_started), else on its own."""
+    s = ctx.session
+    if s is None or s.dead or (only_if_started and not s.started):
+        script, extra = OPS[op]
+        return runner.run_worker(script, {**args, **extra}, timeout=timeout)
+    return s.call(op, args, probe=probe, timeout=timeout)
+
+
+def session_evidence(ctx: Context) -> dict[str, Any]:
+    s = ctx.session
+    if s is None or not s.started:
+        return {}
+    return {
+        "session": {
+            "pid": s.pid,
+            "imports_s": s.imports.get("imports_s"),
+            "import_errors": s.imports.get("import_errors") or None,
+        }
+    }
+
+
+def start_triton_target(ctx: Context) -> None:
+    """Start the fresh-cache Triton target check now (the engine does, before the CPU probes)."""
+    fresh = tempfile.mkdtemp(prefix="mlstack-doctor-triton-")
+    bg = runner.Background(
+        "w_triton_target.py", {}, timeout=ctx.timeout(180), env={"TRITON_CACHE_DIR": fresh}
+    )
+    ctx.background["triton_target"] = (bg, fresh)
 
 
 def _fail(
@@ -46,8 +96,9 @@ def _fail(
 
 def torch_cuda(ctx: Context) -> Result:
     name, stage = "torch_cuda", Stage.TORCH
-    res = runner.run_worker("w_torch_cuda.py", {}, timeout=ctx.timeout(120))
-    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
+    res = call(ctx, name, "torch_cuda", {}, timeout=ctx.timeout(120))
+    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback", "id")}
+    data.update(session_evidence(ctx))
     if not res.ok:
         default = (
             "TORCH_NO_CUDA" if res.data.get("torch_cuda") is None and res.answered else "CUDA_UNAVAILABLE"
@@ -74,11 +125,11 @@ def torch_cuda(ctx: Context) -> Result:
 def triton_target(ctx: Context) -> Result:
     """get_current_target() with a FRESH cache dir: a warm cache would hide a broken compiler."""
     name, stage = "triton_target", Stage.TRITON
-    fresh = tempfile.mkdtemp(prefix="mlstack-doctor-triton-")
+    if "triton_target" not in ctx.background:
+        start_triton_target(ctx)
+    bg, fresh = ctx.background.pop("triton_target")
     try:
-        res = runner.run_worker(
-            "w_triton_target.py", {}, timeout=ctx.timeout(180), env={"TRITON_CACHE_DIR": fresh}
-        )
+        res = bg.result()
     finally:
         shutil.rmtree(fresh, ignore_errors=True)
     data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
@@ -99,15 +150,15 @@ def triton_target(ctx: Context) -> Result:
     return passed(
         name,
         stage,
-        f"triton {data['triton']}: {data['target']} (fresh cache, {res.run.duration_s:.1f} s)",
+        f"triton {data['triton']}: {data['target']} (fresh cache, own process, {res.run.duration_s:.1f} s)",
         **data,
     )
 
 
 def fla_device(ctx: Context) -> Result:
     name, stage = "fla_device", Stage.FLA
-    res = runner.run_worker("w_fla.py", {"mode": "device"}, timeout=ctx.timeout(180))
-    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
+    res = call(ctx, name, "fla_device", {}, timeout=ctx.timeout(180))
+    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback", "id")}
     if res.answered and res.data.get("fla_device") == "cpu":
         return failed(
             name,
@@ -130,8 +181,8 @@ def fla_device(ctx: Context) -> Result:
 
 def fla_kernel(ctx: Context) -> Result:
     name, stage = "fla_kernel", Stage.FLA
-    res = runner.run_worker("w_fla.py", {"mode": "kernel"}, timeout=ctx.timeout(300))
-    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
+    res = call(ctx, name, "fla_kernel", {}, timeout=ctx.timeout(300))
+    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback", "id")}
     if res.answered and res.data.get("mismatch"):
         return failed(
             name,
@@ -155,8 +206,8 @@ def fla_kernel(ctx: Context) -> Result:
 
 def gdn_backward(ctx: Context) -> Result:
     name, stage = "gdn_backward", Stage.TRAINING
-    res = runner.run_worker("w_fla.py", {"mode": "backward"}, timeout=ctx.timeout(400))
-    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
+    res = call(ctx, name, "gdn_backward", {}, timeout=ctx.timeout(400))
+    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback", "id")}
     if res.answered and res.data.get("mismatch"):
         return failed(
             name,

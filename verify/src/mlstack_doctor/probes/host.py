@@ -141,6 +141,7 @@ def driver(ctx: Context) -> Result:
         "ldconfig_rc": ld.rc,
     }
     ctx.facts["nvml_count"] = nvml.data.get("count")
+    ctx.facts["nvml_gpus"] = nvml.data.get("gpus")
     ctx.facts["kernel_driver"] = kmod
     if not nvml.ok:
         ev.update(nvml.evidence())

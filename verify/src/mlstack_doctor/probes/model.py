@@ -8,10 +8,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mlstack_doctor import runner
+from mlstack_doctor import runner, warm
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
 from mlstack_doctor.peaks import bf16_peak
+from mlstack_doctor.probes import gpu
+from mlstack_doctor.probes import warm as warm_probe
 from mlstack_doctor.probes.gpu import _fail
 from mlstack_doctor.probes.packages import installed
 from mlstack_doctor.record import Result, Stage, failed, passed, warned
@@ -106,8 +108,11 @@ def model_config(ctx: Context) -> Result:
             None,
             **ev,
         )
-    res = runner.run_worker("w_model.py", {"mode": "config", "config": cfg_path}, timeout=ctx.timeout(300))
-    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
+    # In the GPU session when it is already running (its imports are paid once), else in its own worker.
+    res = gpu.call(
+        ctx, name, "model_config", {"config": cfg_path}, timeout=ctx.timeout(300), only_if_started=True
+    )
+    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback", "id")}
     if not res.ok:
         code = classify(res.error_text, "MODEL_CONFIG_CORRUPT")
         if code == "MODEL_TYPE_UNKNOWN" or "model_type" in res.error_text:
@@ -135,14 +140,13 @@ def model_forward(ctx: Context) -> Result:
     name, stage = "model_forward", Stage.MODEL
     where = ctx.facts["model"]
     args = {
-        "mode": "forward",
         "config": where["config"],
         "weights_dir": where.get("weights_dir"),
         "tokens": ctx.opts.tokens,
         "measure_peak": ctx.opts.measure_peak,
     }
-    res = runner.run_worker("w_model.py", args, timeout=ctx.timeout(600))
-    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
+    res = gpu.call(ctx, name, "model_forward", args, timeout=ctx.timeout(600))
+    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback", "id")}
     if res.answered and res.data.get("refused"):
         return failed(
             name,
@@ -179,30 +183,58 @@ def model_forward(ctx: Context) -> Result:
 
 
 def autotune_stress(ctx: Context) -> Result:
-    """N threads over the GPUs, one cold-cache forward each at the same moment (triton-lang/triton#11494)."""
+    """N threads over the GPUs run the training passes at the same moment (triton-lang/triton#11494).
+
+    Always a fresh process: the in-memory autotuner caches of the session would hide the race. On the
+    shared cache (default) it proves what training will meet: a warmed cache passes, a cold one races.
+    """
     name, stage = "autotune_stress", Stage.STRESS
-    where = ctx.facts["model"]
-    fresh = tempfile.mkdtemp(prefix="mlstack-doctor-stress-")
+    cfg, parts, full_layers = warm_probe.setup(ctx)
+    shared = ctx.opts.stress_cache == "shared"
+    cache = warm_probe.cache_dir() if shared else tempfile.mkdtemp(prefix="mlstack-doctor-stress-")
+    decision = warm.decide(cache, parts)
+    state = "warmed" if not decision.warm else "cold"
+    cache_ev = {
+        "mode": ctx.opts.stress_cache,
+        "dir": cache,
+        "state": state,
+        "warm_key": decision.key,
+        "warm_reason": decision.reason,
+        "entries_before": len(warm.entries(cache)),
+    }
+    args = {
+        "mode": "stress",
+        "config_dict": cfg,
+        "threads": ctx.opts.threads,
+        "seq_lens": parts["shapes"]["seq_lens"],
+        "batch": parts["shapes"]["batch"],
+        "backward": True,
+    }
     try:
         res = runner.run_worker(
-            "w_model.py",
-            {
-                "mode": "stress",
-                "config": where["config"],
-                "threads": ctx.opts.threads,
-                "tokens": ctx.opts.stress_tokens,
-            },
-            timeout=ctx.timeout(600),
-            env={"TRITON_CACHE_DIR": fresh},
+            "w_model.py", args, timeout=ctx.timeout(900), env=None if shared else {"TRITON_CACHE_DIR": cache}
         )
     finally:
-        shutil.rmtree(fresh, ignore_errors=True)
+        if not shared:
+            shutil.rmtree(cache, ignore_errors=True)
     data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback")}
-    cold = data.get("cold") or {}
-    if res.answered and cold.get("errors"):
-        codes = sorted({classify(e["error"], "STRESS_FAILED") for e in cold["errors"]})
+    data["cache"] = cache_ev
+    data["layers_full"] = full_layers
+
+    def split(rounds: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(errors, refused): a backward FLA refuses (FLA #640) is not a race."""
+        errors, refused = list(rounds.get("errors", [])), []
+        for e in rounds.get("backward_errors", []):
+            is_refusal = classify(e["error"], "STRESS_FAILED") == "FLA_BACKWARD_NEEDS_TILELANG"
+            (refused if is_refusal else errors).append(e)
+        return errors, refused
+
+    errors, refused = split(data.get("cold") or {})
+    shape = f"seq_len {','.join(map(str, parts['shapes']['seq_lens']))} x batch {parts['shapes']['batch']}"
+    if res.answered and errors:
+        codes = sorted({classify(e["error"], "STRESS_FAILED") for e in errors})
         after = data.get("after_warmup", {})
-        mitigated = bool(after) and not after.get("errors")
+        mitigated = bool(after) and not split(after)[0]
         if "AUTOTUNER_RACE" in codes:
             code = "AUTOTUNER_RACE"
         elif codes == ["STRESS_FAILED"] and mitigated:
@@ -211,21 +243,37 @@ def autotune_stress(ctx: Context) -> Result:
             code = codes[0]
         data["codes"] = codes
         data["warm_cache_mitigation"] = "works" if mitigated else "did not help"
+        threads = {e["thread"] for e in errors}
+        fix = fix_for(
+            code,
+            model=ctx.opts.model or "tiny",
+            seq_len=",".join(map(str, parts["shapes"]["seq_lens"])),
+            batch=parts["shapes"]["batch"],
+        )
         return failed(
             name,
             stage,
-            f"{len(cold['errors'])} of {data['threads']} threads failed on a cold cache "
-            f"({cold['errors'][0]['error'][:120]}); "
-            f"after one warm-up forward: {data['warm_cache_mitigation']}",
+            f"{len(threads)} of {data['threads']} threads failed on a {state} cache ({shape}; "
+            f"{errors[0]['error'][:120]}); after one single-thread warm-up pass: "
+            f"{data['warm_cache_mitigation']}",
             code,
-            fix_for(code),
+            fix,
             **data,
         )
     if not res.ok:
         return _fail(name, stage, ctx, res, "STRESS_FAILED", "stress run failed", **data)
-    return passed(
-        name,
-        stage,
-        f"{data['threads']} threads on {data['gpus']} GPU(s), cold cache: no race ({cold.get('seconds')} s)",
-        **data,
+    cold = data.get("cold") or {}
+    done = (
+        f"{data['threads']} threads on {data['gpus']} GPU(s) at once, {shape}, "
+        f"{data['layers']} of {full_layers} layers, {state} cache: no race ({cold.get('seconds')} s)"
     )
+    if refused:
+        return warned(
+            name,
+            stage,
+            f"forward: {done}; backward refused by FLA without tilelang (FLA #640), not stressed",
+            "FLA_BACKWARD_NEEDS_TILELANG",
+            fix_for("FLA_BACKWARD_NEEDS_TILELANG", python=ctx.python),
+            **data,
+        )
+    return passed(name, stage, f"forward+backward: {done}", **data)

@@ -8,22 +8,25 @@ S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - k_t^T exp(g_t) S_{t-1}))^T, o_t = sc
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 import warnings
 from typing import Any
 
-from _common import error_text, main
+from _common import STATE, error_text, main
 
 
 def _device(args: dict[str, Any]) -> dict[str, Any]:
+    imported_before = "fla.utils" in sys.modules  # the session imported it: its warnings were kept then
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         import fla.utils as fu
+    seen = STATE.get("fla_import_warnings", []) if imported_before else [str(w.message) for w in caught]
     out: dict[str, Any] = {
         "fla_core": importlib.metadata.version("fla-core"),
         "fla_device": getattr(fu, "device", None),
         "fla_platform": getattr(fu, "device_platform", None),
         "is_nvidia_hopper": getattr(fu, "IS_NVIDIA_HOPPER", None),
-        "warnings": [str(w.message) for w in caught if "triton" in str(w.message).lower()][:5],
+        "warnings": [w for w in seen if "triton" in w.lower()][:5],
     }
     # FLA's own flag swallows Triton's exception: ask Triton in this same process and keep its text.
     import triton

@@ -1,30 +1,43 @@
-"""The model tiers: does transformers know the config; a forward on the GPU; concurrent forwards.
+"""The model tiers: does transformers know the config; a forward on the GPU; warming; concurrent passes.
 
 Modes (args["mode"]):
   config   transformers builds the config (and, if torch is there, counts parameters on 'meta')
   forward  build from config (random init, directly on the GPU) or load real weights (device_map),
            forward `tokens` tokens, check logits; time load, first forward, steady forwards
-  stress   N threads over the GPUs, each forwarding at the same moment (a barrier) on the cache
-           the doctor gives (cold): catches the autotuner race (triton-lang/triton#11494)
+  warm     ONE thread: at each training shape (seq_lens x batch), a forward (no grad) and a training
+           forward + backward, so every autotuned Triton/FLA kernel the training calls has its tuned
+           config and binary in TRITON_CACHE_DIR; a refused backward is reported, not raised
+  stress   N threads over the GPUs, each running the same passes at the same moment (a barrier) on the
+           cache the doctor gives: catches the autotuner race (triton-lang/triton#11494)
+
+The config comes as a path (args["config"]) or as the dict itself (args["config_dict"]: the warm and
+stress tiers pass a depth-reduced copy). args["device"] == "cpu" runs warm/stress on the CPU (tests).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
+import os
 import statistics
+import sys
 import threading
 import time
 import traceback
 from typing import Any
 
-from _common import error_text, main
+from _common import error_text, main, progress
 
 
 def _config(args: dict[str, Any]) -> Any:
     import transformers
 
-    with open(args["config"], encoding="utf-8") as f:
-        raw = json.load(f)
+    if args.get("config_dict") is not None:
+        raw = dict(args["config_dict"])
+    else:
+        with open(args["config"], encoding="utf-8") as f:
+            raw = json.load(f)
     model_type = raw.get("model_type")
     cfg = transformers.AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
     return transformers, cfg
@@ -174,32 +187,209 @@ def check_forward(args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _devices(torch: Any, args: dict[str, Any], limit: int | None = None) -> list[str]:
+    """One device per distinct GPU architecture (Triton's cache is per arch), or the listed ones."""
+    if args.get("device") == "cpu":
+        return ["cpu"]
+    if args.get("devices"):
+        return [f"cuda:{int(i)}" for i in args["devices"]]
+    if limit is not None:
+        return [f"cuda:{i}" for i in range(min(torch.cuda.device_count(), limit))]
+    first: dict[tuple[int, int], int] = {}
+    for i in range(torch.cuda.device_count()):
+        first.setdefault(tuple(torch.cuda.get_device_capability(i)), i)
+    return [f"cuda:{i}" for i in first.values()]
+
+
+def _on(torch: Any, dev: str) -> Any:
+    """Make `dev` the thread's current CUDA device: Triton launches on the current device."""
+    return torch.cuda.device(dev) if dev.startswith("cuda") else contextlib.nullcontext()
+
+
+def _sync(torch: Any, dev: str) -> None:
+    if dev.startswith("cuda"):
+        torch.cuda.synchronize(dev)
+
+
+def _build(torch: Any, transformers: Any, cfg: Any, dev: str) -> Any:
+    torch.manual_seed(0)
+    with torch.device(dev):
+        return transformers.AutoModelForCausalLM.from_config(
+            cfg, dtype=torch.bfloat16, attn_implementation="sdpa"
+        )
+
+
+def _ids(torch: Any, dev: str, vocab: int, batch: int, seq_len: int, seed: int = 0) -> Any:
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    return torch.randint(0, vocab, (batch, seq_len), device=dev, generator=gen)
+
+
+def _autotune_files(cache_dir: str) -> set[str]:
+    """`<entry>/<kernel>.autotune.json` files: one per (kernel, autotune key) tuned and kept on disk."""
+    found: set[str] = set()
+    if not cache_dir or not os.path.isdir(cache_dir):
+        return found
+    with os.scandir(cache_dir) as entries:
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                with os.scandir(entry.path) as files:
+                    found.update(f"{entry.name}/{f.name}" for f in files if f.name.endswith(".autotune.json"))
+            except OSError:
+                continue
+    return found
+
+
+def _train_step(model: Any, ids: Any) -> None:
+    """A training step's passes: forward with the loss, then backward (gradients are dropped after)."""
+    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+    loss.backward()
+
+
+def check_warm(args: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    transformers, cfg = _config(args)
+    text = _text_cfg(cfg)
+    vocab = int(text.vocab_size)
+    seq_lens = [int(x) for x in args.get("seq_lens", [2048])]
+    batch = int(args.get("batch", 1))
+    cache = os.environ.get("TRITON_CACHE_DIR", "")
+    before = _autotune_files(cache)
+    out: dict[str, Any] = {
+        "seq_lens": seq_lens,
+        "batch": batch,
+        "layers": int(text.num_hidden_layers),
+        "shapes": [],
+        "backward": "warmed" if args.get("backward", True) else "not asked",
+        "cache_dir": cache,
+        "autotune_files_before": len(before),
+    }
+    t_all = time.perf_counter()
+    devices = _devices(torch, args)
+    if not devices:
+        raise RuntimeError("torch sees no CUDA device: torch.cuda.device_count() is 0")
+    out["devices"] = devices
+    for dev in devices:
+        with _on(torch, dev):
+            _warm_device(torch, transformers, cfg, dev, out, before, cache, vocab)
+    new = _autotune_files(cache) - before
+    out["autotune_files_new"] = len(new)
+    out["tuned_kernels"] = sorted({n.split("/", 1)[1].removesuffix(".autotune.json") for n in new})
+    out["fla_in_use"] = "fla.ops.gated_delta_rule" in sys.modules
+    out["seconds"] = round(time.perf_counter() - t_all, 2)
+    return out
+
+
+def _warm_device(
+    torch: Any,
+    transformers: Any,
+    cfg: Any,
+    dev: str,
+    out: dict[str, Any],
+    before: set[str],
+    cache: str,
+    vocab: int,
+) -> None:
+    """On one device: build the model, then at each shape a forward, and a training forward + backward."""
+    seq_lens, batch = out["seq_lens"], out["batch"]
+    t0 = time.perf_counter()
+    model = _build(torch, transformers, cfg, dev)
+    _sync(torch, dev)
+    progress(f"warm: {out['layers']}-layer model built on {dev} in {time.perf_counter() - t0:.1f} s")
+    for seq_len in seq_lens:
+        rec: dict[str, Any] = {"device": dev, "seq_len": seq_len, "batch": batch}
+        ids = _ids(torch, dev, vocab, batch, seq_len)
+        model.eval()
+        t1 = time.perf_counter()
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+        _sync(torch, dev)
+        rec["forward_s"] = round(time.perf_counter() - t1, 2)
+        progress(
+            f"warm: {dev} seq_len {seq_len} x batch {batch}: forward {rec['forward_s']} s "
+            f"({len(_autotune_files(cache) - before)} kernel configs tuned so far)"
+        )
+        if out["backward"] == "warmed":
+            model.train()
+            t2 = time.perf_counter()
+            try:
+                _train_step(model, ids)
+                _sync(torch, dev)
+                rec["train_step_s"] = round(time.perf_counter() - t2, 2)
+            except Exception as exc:  # the doctor classifies it (FLA #640 refusal, OOM, ...)
+                out["backward"] = "failed"
+                out["backward_error"] = error_text(exc)
+                out["backward_traceback"] = traceback.format_exc()[-3000:]
+                rec["train_step"] = "failed"
+            finally:
+                model.zero_grad(set_to_none=True)
+                model.eval()
+            took = (
+                f"{rec['train_step_s']} s"
+                if "train_step_s" in rec
+                else "FAILED: " + out["backward_error"][:160]
+            )
+            progress(
+                f"warm: {dev} seq_len {seq_len} x batch {batch}: forward+backward {took} "
+                f"({len(_autotune_files(cache) - before)} kernel configs tuned so far)"
+            )
+        out["shapes"].append(rec)
+    del model
+    gc.collect()
+    if dev.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
 def _concurrent(
-    torch: Any, models: list[Any], devices: list[int], n_threads: int, tokens: int, vocab: int
+    torch: Any,
+    models: list[Any],
+    devices: list[str],
+    n_threads: int,
+    shape: tuple[int, int],
+    vocab: int,
+    backward: bool,
 ) -> dict:
+    """n_threads at a barrier, then each runs the passes at once: forward, or forward + backward."""
     barrier = threading.Barrier(n_threads)
     errors: list[dict[str, Any]] = []
+    backward_errors: list[dict[str, Any]] = []
     lock = threading.Lock()
+    batch, seq_len = shape
+
+    def record(into: list[dict[str, Any]], i: int, dev: str, exc: BaseException) -> None:
+        with lock:
+            where = traceback.format_exc()[-1500:]
+            into.append({"thread": i, "gpu": dev, "error": error_text(exc), "where": where})
+
+    def passes(model: Any, ids: Any, dev: str, i: int) -> None:
+        if backward:
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            try:
+                loss.backward()
+            except Exception as exc:  # the doctor tells a refused backward (FLA #640) from a race
+                record(backward_errors, i, dev, exc)
+        else:
+            with torch.no_grad():
+                model(input_ids=ids, use_cache=False)
+        _sync(torch, dev)
 
     def work(i: int) -> None:
         dev = devices[i % len(devices)]
         model = models[i % len(devices)]
-        ids = torch.randint(0, vocab, (1, tokens), device=f"cuda:{dev}")
-        barrier.wait()
         try:
-            with torch.no_grad(), torch.cuda.device(dev):
-                model(input_ids=ids, use_cache=False)
-            torch.cuda.synchronize(dev)
+            ids = _ids(torch, dev, vocab, batch, seq_len, seed=i)
         except Exception as exc:
-            with lock:
-                errors.append(
-                    {
-                        "thread": i,
-                        "gpu": dev,
-                        "error": error_text(exc),
-                        "where": traceback.format_exc()[-1500:],
-                    }
-                )
+            record(errors, i, dev, exc)
+            barrier.abort()  # the others must not wait for this thread forever
+            return
+        try:
+            barrier.wait()
+            with _on(torch, dev):
+                passes(model, ids, dev, i)
+        except Exception as exc:
+            record(errors, i, dev, exc)
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
@@ -207,7 +397,28 @@ def _concurrent(
         t.start()
     for t in threads:
         t.join()
-    return {"errors": errors, "seconds": round(time.perf_counter() - t0, 2)}
+    for m in models:
+        m.zero_grad(set_to_none=True)
+    return {
+        "seq_len": seq_len,
+        "batch": batch,
+        "errors": errors,
+        "backward_errors": backward_errors,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+
+
+def _rounds(torch: Any, models: list[Any], devices: list[str], args: dict[str, Any], vocab: int) -> dict:
+    shapes = [(int(args.get("batch", 1)), int(s)) for s in args.get("seq_lens", [256])]
+    n_threads = int(args.get("threads", 4))
+    backward = bool(args.get("backward", True))
+    rounds = [_concurrent(torch, models, devices, n_threads, shape, vocab, backward) for shape in shapes]
+    return {
+        "errors": [e for r in rounds for e in r["errors"]],
+        "backward_errors": [e for r in rounds for e in r["backward_errors"]],
+        "seconds": round(sum(r["seconds"] for r in rounds), 2),
+        "rounds": rounds,
+    }
 
 
 def check_stress(args: dict[str, Any]) -> dict[str, Any]:
@@ -216,25 +427,43 @@ def check_stress(args: dict[str, Any]) -> dict[str, Any]:
     transformers, cfg = _config(args)
     vocab = int(_text_cfg(cfg).vocab_size)
     n_threads = int(args.get("threads", 4))
-    gpus = torch.cuda.device_count()
-    devices = list(range(min(gpus, n_threads)))
+    devices = _devices(torch, args, limit=n_threads)
+    if not devices:
+        raise RuntimeError("torch sees no CUDA device: torch.cuda.device_count() is 0")
+    backward = bool(args.get("backward", True))
     models = []
     for dev in devices:
-        torch.manual_seed(0)
-        with torch.device(f"cuda:{dev}"):
-            models.append(transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval())
-    tokens = int(args.get("tokens", 256))
-    cold = _concurrent(torch, models, devices, n_threads, tokens, vocab)
-    out: dict[str, Any] = {"threads": n_threads, "gpus": len(devices), "tokens": tokens, "cold": cold}
+        with _on(torch, dev):
+            model = _build(torch, transformers, cfg, dev)
+        models.append(model.train() if backward else model.eval())
+    cold = _rounds(torch, models, devices, args, vocab)
+    out: dict[str, Any] = {
+        "threads": n_threads,
+        "gpus": len(devices),
+        "seq_lens": [int(s) for s in args.get("seq_lens", [256])],
+        "batch": int(args.get("batch", 1)),
+        "backward": backward,
+        "layers": int(_text_cfg(cfg).num_hidden_layers),
+        "cold": cold,
+    }
+    if cold["errors"] or cold["backward_errors"]:
+        # The mitigation the fix names: the same passes once on ONE thread per GPU, then the threads again.
+        for dev, model in zip(devices, models, strict=True):
+            for seq_len in out["seq_lens"]:
+                ids = _ids(torch, dev, vocab, out["batch"], seq_len)
+                try:
+                    with _on(torch, dev):
+                        if backward:
+                            _train_step(model, ids)
+                        else:
+                            with torch.no_grad():
+                                model(input_ids=ids, use_cache=False)
+                except Exception as exc:  # a refused backward stays refused; the rounds report it
+                    out.setdefault("warmup_errors", []).append(error_text(exc))
+                finally:
+                    model.zero_grad(set_to_none=True)
+        out["after_warmup"] = _rounds(torch, models, devices, args, vocab)
     if cold["errors"]:
-        # The mitigation the fix names: one warm-up forward per GPU, then the same threads again.
-        with torch.no_grad():
-            for dev, model in zip(devices, models, strict=True):
-                with torch.cuda.device(dev):
-                    model(
-                        input_ids=torch.randint(0, vocab, (1, tokens), device=f"cuda:{dev}"), use_cache=False
-                    )
-        out["after_warmup"] = _concurrent(torch, models, devices, n_threads, tokens, vocab)
         out["ok"] = False
         out["error"] = cold["errors"][0]["error"]
     return out
@@ -246,6 +475,8 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
         return check_config(args)
     if mode == "forward":
         return check_forward(args)
+    if mode == "warm":
+        return check_warm(args)
     return check_stress(args)
 
 

@@ -1,4 +1,4 @@
-"""NVML through ctypes (no pynvml needed): driver version, GPU count, names and memory."""
+"""NVML through ctypes (no pynvml needed): driver version, GPU count, names, memory, compute capability."""
 
 from __future__ import annotations
 
@@ -49,8 +49,16 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
         lib.nvmlDeviceGetName(handle, name, 96)
         mem = _Memory()
         lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem))
+        major, minor = ctypes.c_int(0), ctypes.c_int(0)
+        get_cc = getattr(lib, "nvmlDeviceGetCudaComputeCapability", None)  # absent from very old drivers
+        cc_rc = get_cc(handle, ctypes.byref(major), ctypes.byref(minor)) if get_cc else -1
         gpus.append(
-            {"index": i, "name": name.value.decode(), "memory_total_gib": round(mem.total / 2**30, 1)}
+            {
+                "index": i,
+                "name": name.value.decode(),
+                "memory_total_gib": round(mem.total / 2**30, 1),
+                "compute_capability": f"{major.value}.{minor.value}" if cc_rc == 0 else None,
+            }
         )
     lib.nvmlShutdown()
     return {"driver_version": buf.value.decode(), "count": count.value, "gpus": gpus}

@@ -45,10 +45,16 @@ def task_seconds(run: PlaybookRun, name: str) -> float:
     return total
 
 
+LOGS: Path | None = None
+
+
 def timed(runner: Any, playbook: str, cts: list[dict[str, Any]], **extra: Any) -> tuple[float, PlaybookRun]:
     t0 = time.monotonic()
     run = runner(playbook, cts, timeout=3600, **CACHE_VARS, **extra)
     elapsed = time.monotonic() - t0
+    if LOGS:
+        name = f"{int(t0)}-{playbook.removesuffix('.yml')}-{len(cts)}ct.log"
+        (LOGS / name).write_text(run.output)
     if run.rc != 0:
         sys.exit(f"{playbook} failed (rc {run.rc}):\n{run.output[-4000:]}")
     print(f"  {playbook:<14} {len(cts)} CT(s): {elapsed:7.1f} s  changed={run.changed()}", flush=True)
@@ -61,7 +67,12 @@ def main() -> None:
     )
     parser.add_argument("--skip-n4", action="store_true", help="measure N = 1, 2 only")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--logs", type=Path, help="keep each playbook's output (with task times) here")
     args = parser.parse_args()
+    global LOGS
+    LOGS = args.logs
+    if LOGS:
+        LOGS.mkdir(parents=True, exist_ok=True)
 
     shutil.rmtree(BENCH_CACHE, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix="mlstack-bench-"))

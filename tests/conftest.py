@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 COLLECTIONS = REPO / ".venv" / "collections"
 if COLLECTIONS.is_dir() and str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
-for path in (REPO / "testbed", REPO / "tests" / "testbed"):
+# Helper modules of the suites (never imported as `conftest`: that name is ambiguous across suites).
+for path in (REPO / "testbed", REPO / "tests" / "testbed", REPO / "tests" / "provision"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 

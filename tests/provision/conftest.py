@@ -8,9 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playbook_runner import REPO, PlaybookRun, container, make_runner
-
-__all__ = ["REPO", "PlaybookRun", "container", "make_runner"]
+from playbook_runner import PlaybookRun, make_runner
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import container
+from playbook_runner import container
 from proxmoxer.core import ResourceException
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import REPO, PlaybookRun, container
+from playbook_runner import REPO, PlaybookRun, container
 
 VMID = 128
 CT = [container(VMID)]
@@ -23,7 +23,7 @@ def first_run(request: pytest.FixtureRequest) -> Iterator[PlaybookRun]:
 
 @pytest.fixture(scope="module")
 def run_playbook_module(tmp_path_factory: pytest.TempPathFactory, testbed: Any) -> Any:
-    from conftest import make_runner
+    from playbook_runner import make_runner
 
     return make_runner(tmp_path_factory.mktemp("lifecycle"))
 

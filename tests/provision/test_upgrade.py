@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, PlaybookRun, container, make_runner
+from playbook_runner import REPO, PlaybookRun, container, make_runner
 
 VMID = 129
 CT = [container(VMID)]

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import (
+from doctor_testlib import (
     PY_VER,
     TEST_TORCH,
     TEST_TRANSFORMERS,
@@ -262,7 +262,7 @@ def test_output_file_and_table(tmp_path: Path) -> None:
     )
     import json
 
-    from conftest import validate
+    from doctor_testlib import validate
 
     validate(json.loads(out.read_text()))
     assert "STATUS" in proc.stdout and "c_compiler" in proc.stdout

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import run_doctor
+from doctor_testlib import run_doctor
 
 pytestmark = pytest.mark.gpu
 
@@ -42,7 +42,7 @@ def test_gpu_stages_pass() -> None:
 def test_cuda_hidden() -> None:
     import os
 
-    from conftest import doctor_env
+    from doctor_testlib import doctor_env
 
     run = run_doctor(
         "--only",

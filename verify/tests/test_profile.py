@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import write_lock
+from doctor_testlib import write_lock
 from mlstack_doctor import profile as prof
 
 LOCK_WITH_OVERRIDE = """version = 1

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import SCHEMA, validate
+from doctor_testlib import SCHEMA, validate
 from mlstack_doctor.diagnosis import CODES
 from mlstack_doctor.engine import PROBES
 

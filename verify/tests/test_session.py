@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_doctor
+from doctor_testlib import run_doctor
 from mlstack_doctor import engine, runner
 from mlstack_doctor.context import Context, Options
 from mlstack_doctor.probes import gpu

@@ -1,0 +1,98 @@
+"""Helpers shared by the doctor's tests: run the doctor for real, validate its JSON, write uv.lock
+fixtures. (A module of its own: test files never import from conftest, which is ambiguous when
+several suites run in one pytest session.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+VERIFY = Path(__file__).resolve().parents[1]
+SRC = VERIFY / "src"
+if str(SRC) not in sys.path:
+    sys.path.insert(0, str(SRC))
+SCHEMA = json.loads((SRC / "mlstack_doctor" / "schema" / "report.schema.json").read_text())
+PY_VER = f"{sys.version_info.major}.{sys.version_info.minor}"
+TEST_TORCH = "2.13.0"
+TEST_TRANSFORMERS = "5.17.0"
+
+
+def validate(report: dict[str, Any]) -> None:
+    import jsonschema
+
+    jsonschema.validate(report, SCHEMA, format_checker=jsonschema.FormatChecker())
+
+
+@dataclass
+class DoctorRun:
+    rc: int
+    report: dict[str, Any]
+    stdout: str
+    stderr: str
+
+    def probe(self, name: str) -> dict[str, Any]:
+        return next(p for p in self.report["probes"] if p["name"] == name)
+
+    @property
+    def root(self) -> dict[str, Any] | None:
+        return self.report["summary"]["root_cause"]
+
+
+def doctor_env(extra: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env["PYTHONPATH"] = str(SRC)
+    env.setdefault("TRITON_CACHE_DIR", "/tmp/mlstack-doctor-test-triton-cache")
+    env.update(extra or {})
+    return env
+
+
+def run_doctor(
+    *args: str, python: str = sys.executable, env: dict[str, str] | None = None, timeout: float = 240
+) -> DoctorRun:
+    """`python -m mlstack_doctor --json --quiet ARGS` for real; the JSON is schema-validated."""
+    proc = subprocess.run(
+        [python, "-m", "mlstack_doctor", "--json", "--quiet", *args],
+        capture_output=True,
+        text=True,
+        env=env if env is not None else doctor_env(),
+        timeout=timeout,
+    )
+    report: dict[str, Any] = {}
+    if proc.returncode in (0, 1):
+        report = json.loads(proc.stdout)
+        validate(report)
+    return DoctorRun(proc.returncode, report, proc.stdout, proc.stderr)
+
+
+def write_lock(path: Path, versions: dict[str, str]) -> Path:
+    """A uv.lock as uv writes it (the parts the doctor reads)."""
+    body = ["version = 1", "revision = 3", 'requires-python = ">=3.10"', ""]
+    for name, ver in versions.items():
+        body += [
+            "[[package]]",
+            f'name = "{name}"',
+            f'version = "{ver}"',
+            'source = { registry = "https://pypi.org/simple" }',
+            "",
+        ]
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "uv.lock").write_text("\n".join(body))
+    return path / "uv.lock"
+
+
+def gpu_nodes_state() -> str:
+    """What this machine really has: 'none', or 'no_driver' (dummy nodes, ENXIO), or 'ok'."""
+    nodes = [p for p in Path("/dev").glob("nvidia*") if p.is_char_device()]
+    if not nodes:
+        return "none"
+    try:
+        fd = os.open("/dev/nvidiactl", os.O_RDWR)
+    except OSError:
+        return "no_driver"
+    os.close(fd)
+    return "ok"

@@ -75,7 +75,7 @@ def test_destroy_never_removes_a_container_that_is_not_ours(
     )
     assert result.rc == 0, result.output[-4000:]
     said = " ".join(result.output.split())
-    assert f"vmid {foreign_ct} (lxc not-ours) has no 'mlstack' tag: left alone." in said, said[-3000:]
+    assert f"vmid {foreign_ct} (lxc not-ours) has no mlstack tag: left alone." in said, said[-3000:]
     assert api.nodes(testbed.node).lxc(foreign_ct).status.current.get()
     assert api.nodes(testbed.node).lxc(VMID).status.current.get()["status"] == "running"
 

@@ -44,9 +44,13 @@ def attach(vmid: int, script: str, timeout: float = 60) -> subprocess.CompletedP
 
 
 def ssh(
-    testbed: client.Testbed, command: str, stdin: str | None = None, timeout: float = 60
+    testbed: client.Testbed,
+    command: str,
+    stdin: str | None = None,
+    timeout: float = 60,
+    known_hosts: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """A command on the testbed's sshd, verifying its pinned host key."""
+    """A command on the testbed's sshd, verifying its host key against its pinned one (or `known_hosts`)."""
     argv = [
         "ssh",
         "-o",
@@ -54,7 +58,7 @@ def ssh(
         "-o",
         "StrictHostKeyChecking=yes",
         "-o",
-        f"UserKnownHostsFile={testbed.ssh_known_hosts_file}",
+        f"UserKnownHostsFile={known_hosts or testbed.ssh_known_hosts_file}",
         "-o",
         "GlobalKnownHostsFile=/dev/null",
         "-i",

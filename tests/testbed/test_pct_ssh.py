@@ -50,25 +50,7 @@ def test_host_key_is_pinned(testbed: client.Testbed, tmp_path: Path) -> None:
         f"[{testbed.ssh_host}]:{testbed.ssh_port} ssh-ed25519 "
         "AAAAC3NzaC1lZDI1NTE5AAAAIHcI3Zl1JbSjPAbK0hYc5gI2SR3P8cKMkCk8e5LqJ5Ne\n"
     )
-    r = run(
-        [
-            "ssh",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            f"UserKnownHostsFile={wrong}",
-            "-o",
-            "GlobalKnownHostsFile=/dev/null",
-            "-i",
-            testbed.ssh_key_file,
-            "-p",
-            str(testbed.ssh_port),
-            f"root@{testbed.ssh_host}",
-            "true",
-        ]
-    )
+    r = ssh(testbed, "true", known_hosts=str(wrong))
     assert r.returncode == 255 and "HOST IDENTIFICATION HAS CHANGED" in r.stderr
 
 

@@ -52,3 +52,42 @@ def set_command(vmid: int, to_set: dict[str, str], to_delete: list[str]) -> list
     if to_delete:
         argv += ["--delete", ",".join(to_delete)]
     return argv
+
+
+def status_command(vmid: int) -> list[str]:
+    """The argv of `pct status`, whose output is `status: running|stopped`."""
+    return [PCT, "status", str(vmid)]
+
+
+def start_command(vmid: int) -> list[str]:
+    """The argv of `pct start`: on failure PVE prints its reason (the task log) on stderr."""
+    return [PCT, "start", str(vmid)]
+
+
+# PVE's reasons for refusing to start a container, most specific first, with what fixes each.
+_START_FAILURES = (
+    (
+        re.compile(r"Device (/dev/\S+) does not exist"),
+        "The node has no {0}, which the container passes through (devN). Check the NVIDIA driver on the "
+        "node: `nvidia-smi` must list every GPU, and `nvidia-modprobe -u -c=0` recreates /dev/nvidia-uvm*. "
+        "If the GPU is gone for good, list the GPUs left in the container's `gpus`. Then rerun "
+        "provision.yml: its preflight checks every passed-through node first.",
+    ),
+    (
+        re.compile(r"directory '([^']+)' does not exist"),
+        "The bind-mount source {0} (mpN) is missing on the node: restore it or fix the container's "
+        "model_path, then rerun provision.yml.",
+    ),
+    (
+        re.compile(r"bridge '([^']+)' does not exist"),
+        "The node has no bridge {0} for net0: fix mlstack_bridge in the inventory, then rerun.",
+    ),
+)
+
+
+def explain_start_failure(text: str) -> str | None:
+    """What to do about a failed `pct start`, from the most specific reason PVE printed; None if unknown."""
+    for pattern, fix in _START_FAILURES:
+        if m := pattern.search(text):
+            return fix.format(*m.groups())
+    return None

@@ -1,0 +1,67 @@
+#!/usr/bin/python
+"""Ansible module: start a PVE container with `pct start` and report PVE's reason when it refuses."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: pct_start
+short_description: Start a PVE container and say why when PVE refuses
+description:
+  - Runs on the PVE node. Does nothing when C(pct status) says the container runs; otherwise runs
+    C(pct start) and, when it fails, fails with PVE's own words (for example
+    C(Device /dev/nvidia1 does not exist)) and what fixes them.
+  - Unlike an API start polled until a timeout, a refused start fails at once with its reason.
+options:
+  vmid:
+    description: Container ID.
+    type: int
+    required: true
+author: mlstack maintainers
+"""
+
+EXAMPLES = r"""
+- name: Start container 120
+  mlstack.pve.pct_start:
+    vmid: 120
+"""
+
+RETURN = r"""
+reason:
+  description: PVE's output when the start failed.
+  type: str
+  returned: failure
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.mlstack.pve.plugins.module_utils.pct import (
+    explain_start_failure,
+    start_command,
+    status_command,
+)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={"vmid": {"type": "int", "required": True}},
+        supports_check_mode=True,
+    )
+    vmid = module.params["vmid"]
+    rc, out, err = module.run_command(status_command(vmid))
+    if rc != 0:
+        module.fail_json(msg=f"pct status {vmid} failed: {err.strip() or out.strip()}", rc=rc)
+    if "status: running" in out:
+        module.exit_json(changed=False)
+    if module.check_mode:
+        module.exit_json(changed=True)
+    rc, out, err = module.run_command(start_command(vmid))
+    if rc != 0:
+        reason = "\n".join(t for t in (err.strip(), out.strip()) if t)
+        fix = explain_start_failure(reason)
+        lines = reason.splitlines()[-6:]
+        msg = f"CT {vmid} did not start. PVE said: {' | '.join(lines) or f'exit {rc}'}."
+        module.fail_json(msg=f"{msg} {fix}" if fix else msg, reason=reason, rc=rc)
+    module.exit_json(changed=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""The PVE API endpoint down: before a run (the preflight says so, changing nothing) and in the middle
+of one (just before the create call). The API is reached through a forwarder only these runs use, so
+the testbed's API stays up for everybody else; cutting the forwarder is the endpoint going away."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from faultlib import Link, fault_env, one_line, venv_works
+
+
+@pytest.fixture
+def api_link(testbed: Any) -> Iterator[Link]:
+    link = Link(int(testbed.api_port))
+    yield link
+    link.close()
+
+
+@pytest.mark.slow
+def test_api_down_before_and_during_a_run(
+    runner: Any, shared_ct: dict[str, Any], api: Any, testbed: Any, api_link: Link, tmp_path: Path
+) -> None:
+    vmid = int(shared_ct["vmid"])
+    via_link = {
+        "mlstack_pve_api_port": api_link.port,
+        "gpu_container_api_retries": 2,
+        "gpu_container_api_retry_delay": 1,
+    }
+    config_before = api.nodes(testbed.node).lxc(vmid).config.get()
+
+    # 1. Down before the run: the preflight says which endpoint and what to check; nothing changes.
+    api_link.cut()
+    down = runner("provision.yml", [shared_ct], **via_link)
+    text = one_line(down.output)
+    assert down.rc != 0
+    assert f"The PVE API at https://127.0.0.1:{api_link.port} did not answer" in text, down.output[-3000:]
+    assert "Connection refused" in text
+    assert "Check that pveproxy runs on the node" in text
+    assert down.changed() == 0, down.changed_tasks()
+    assert "PLAY [Prepare the PVE nodes" not in down.output
+
+    # 2. Down in the middle: up for the preflight, gone when the container is about to be created.
+    api_link.restore()
+    mark = tmp_path / "fault.mark"
+    env = fault_env("Create the container through the PVE API", api_link.cut_command(), mark, when="start")
+    middle = runner("provision.yml", [shared_ct], env=env, **via_link)
+    assert mark.exists(), "the fault did not fire"
+    assert middle.rc != 0
+    assert "Connection refused" in one_line(middle.output), middle.output[-3000:]
+    assert middle.changed() == 0, middle.changed_tasks()
+
+    # State: the container is as it was, running, its venv working.
+    assert api.nodes(testbed.node).lxc(vmid).status.current.get()["status"] == "running"
+    config_after = api.nodes(testbed.node).lxc(vmid).config.get()
+    assert {k: v for k, v in config_after.items() if k != "digest"} == {
+        k: v for k, v in config_before.items() if k != "digest"
+    }
+    assert venv_works(vmid)
+
+    # 3. Back up: a rerun completes and has nothing to change.
+    api_link.restore()
+    again = runner("provision.yml", [shared_ct], **via_link)
+    assert again.rc == 0, again.output[-4000:]
+    assert again.changed() == 0, again.changed_tasks()

@@ -1,0 +1,78 @@
+"""A second provision run on the same node while the first is running, both wanting the same new venv
+in the shared CT (built aside: not activated, so the working venv stays as it was).
+
+Both runs must end well, or a failed one must name its cause; the venv is built once (the second build
+waits on the first's lock and reuses its result); no venv without its marker; the working venv keeps
+working; and a rerun completes."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from typing import Any
+
+import pytest
+from faultlib import ct_ls, ct_sh, one_line, venv_works
+
+ROOT = "/opt/mlstack-faults-concurrent"
+VENVS = "/var/cache/mlstack/uv/venvs/ct160-faults-concurrent"
+ASIDE = {
+    "ml_venv_root": ROOT,
+    "ml_venv_venvs_dir": VENVS,
+    "ml_venv_activate": False,
+    "ml_venv_prune": False,
+    "doctor_tier": "quick",
+    "triton_warm_model": "tiny",
+}
+# What a run that lost a race may say: each names the other run's hold on a shared resource.
+KNOWN_CAUSES = re.compile(r"already exists|Could not get lock|another build of|lock|is locked|in use", re.I)
+
+
+def task_block(output: str, name: str) -> str:
+    """The result lines of the first task whose name contains `name` ('' when it did not run)."""
+    parts = output.split("TASK [")
+    block = next((p for p in parts[1:] if name in p.split("]", 1)[0]), "")
+    return block.split("\n", 1)[1].strip() if "\n" in block else ""
+
+
+@pytest.mark.slow
+def test_concurrent_second_run_on_the_same_node(runner: Any, shared_ct: dict[str, Any]) -> None:
+    vmid = int(shared_ct["vmid"])
+    ct_sh(vmid, f"rm -rf {ROOT} {VENVS}")
+    results: dict[str, Any] = {}
+
+    def go(name: str, delay: float) -> None:
+        time.sleep(delay)
+        # -v: the build task's own words (built, or waited for the other run's build) are in the output.
+        results[name] = runner("provision.yml", [shared_ct], env={"ANSIBLE_VERBOSITY": "1"}, **ASIDE)
+
+    threads = [threading.Thread(target=go, args=(n, d)) for n, d in (("first", 0.0), ("second", 2.0))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(1800)
+    first, second = results["first"], results["second"]
+
+    # What the users saw: both runs completed, or the one that lost a race named the other's hold.
+    assert first.rc == 0 or second.rc == 0, first.output[-3000:] + second.output[-3000:]
+    for run in (first, second):
+        if run.rc != 0:
+            assert KNOWN_CAUSES.search(one_line(run.output)), run.output[-4000:]
+    # State: one complete venv, built once (a second build waits for the first and reuses it); nothing
+    # half-built; the working venv untouched.
+    blocks = [task_block(r.output, "Build the venv from the lock") for r in (first, second)]
+    fresh_builds = [b for b in blocks if "changed: [" in b and "already complete" not in b]
+    assert len(fresh_builds) <= 1, blocks
+    built = [n for n in ct_ls(vmid, VENVS) if not n.endswith(".lock")]
+    assert len(built) == 1 and not built[0].endswith(".partial"), built
+    assert venv_works(vmid, f"{VENVS}/{built[0]}")
+    assert venv_works(vmid)
+
+    # A rerun completes and has nothing left to build.
+    again = runner("provision.yml", [shared_ct], **ASIDE)
+    assert again.rc == 0, again.output[-4000:]
+    assert task_block(again.output, "Build the venv from the lock").startswith("skipping"), again.output[
+        -3000:
+    ]
+    ct_sh(vmid, f"rm -rf {ROOT} {VENVS}")

@@ -1,0 +1,114 @@
+"""A passed-through device node (/dev/nvidia1, one of the testbed's dummies) removed from the node
+before the shared CT starts, as after a GPU falls off the bus or a reboot without the driver.
+
+1. Removed before the run: the preflight names the container, the key and the node, and how to fix
+   the node; nothing changes and the container stays as it was (stopped, config intact).
+2. Removed between configuring and starting (injected right after the pct_config task): PVE refuses
+   the start and the run reports PVE's own reason with the fix.
+3. Node back: a rerun starts the container and completes.
+
+The node is machine-wide: it is put back right after each run, in a finally."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from faultlib import fault_env, one_line, venv_works
+from playbook_runner import REPO
+from tbhelpers import wait_ok
+
+NODE = "/dev/nvidia1"
+STARTS_WITH_PCT = "mlstack.pve.pct_start" in (REPO / "roles/gpu_container/tasks/container.yml").read_text()
+
+
+class DevNode:
+    def __init__(self, path: str) -> None:
+        st = os.stat(path)
+        assert stat.S_ISCHR(st.st_mode), f"{path} is not a device node"
+        self.path, self.st = path, st
+
+    def remove(self) -> None:
+        Path(self.path).unlink(missing_ok=True)
+
+    def remove_command(self) -> str:
+        return f"rm -f {self.path}"
+
+    def restore(self) -> None:
+        if not os.path.exists(self.path):
+            os.mknod(self.path, self.st.st_mode, self.st.st_rdev)
+            os.chmod(self.path, stat.S_IMODE(self.st.st_mode))
+            os.chown(self.path, self.st.st_uid, self.st.st_gid)
+
+
+@pytest.fixture
+def dev_node(testbed: Any) -> Iterator[DevNode]:
+    assert NODE in testbed.gpu_nodes
+    node = DevNode(NODE)
+    try:
+        yield node
+    finally:
+        node.restore()
+
+
+def status(api: Any, testbed: Any, vmid: int) -> str:
+    return str(api.nodes(testbed.node).lxc(vmid).status.current.get()["status"])
+
+
+def devices(api: Any, testbed: Any, vmid: int) -> dict[str, str]:
+    config = api.nodes(testbed.node).lxc(vmid).config.get()
+    return {k: v for k, v in config.items() if k.startswith("dev")}
+
+
+@pytest.mark.slow
+def test_device_node_removed_before_start(
+    runner: Any, shared_ct: dict[str, Any], api: Any, testbed: Any, dev_node: DevNode, tmp_path: Path
+) -> None:
+    vmid = int(shared_ct["vmid"])
+    quick = {"doctor_tier": "quick"}
+    wait_ok(api, testbed, api.nodes(testbed.node).lxc(vmid).status.stop.post())
+    passed_through = devices(api, testbed, vmid)
+    assert any(v.split(",")[0] == NODE for v in passed_through.values()), passed_through
+
+    # 1. Gone before the run: the preflight says so, and how to fix the node.
+    dev_node.remove()
+    try:
+        early = runner("provision.yml", [shared_ct], **quick)
+    finally:
+        dev_node.restore()
+    text = one_line(early.output)
+    assert early.rc != 0
+    assert f"CT {vmid} passes {NODE} through" in text, early.output[-3000:]
+    assert f"but node testbed has no {NODE}" in text
+    assert "`nvidia-smi` must list every GPU" in text
+    assert early.changed() == 0, early.changed_tasks()
+    assert status(api, testbed, vmid) == "stopped"
+    assert devices(api, testbed, vmid) == passed_through
+
+    # 2. Gone between configuring and starting: PVE's reason, and the fix.
+    if STARTS_WITH_PCT:
+        mark = tmp_path / "fault.mark"
+        env = fault_env("Pass the GPUs through", dev_node.remove_command(), mark)
+        try:
+            late = runner("provision.yml", [shared_ct], env=env, **quick)
+        finally:
+            dev_node.restore()
+        assert mark.exists(), "the fault did not fire"
+        text = one_line(late.output)
+        assert late.rc != 0
+        assert f"CT {vmid} did not start. PVE said:" in text, late.output[-3000:]
+        assert f"Device {NODE} does not exist" in text
+        assert f"The node has no {NODE}" in text
+        assert status(api, testbed, vmid) == "stopped"
+        assert devices(api, testbed, vmid) == passed_through
+
+    # 3. Node back: a rerun starts the container and completes; the venv still works.
+    again = runner("provision.yml", [shared_ct], **quick)
+    assert again.rc == 0, again.output[-4000:]
+    assert status(api, testbed, vmid) == "running"
+    assert devices(api, testbed, vmid) == passed_through
+    assert venv_works(vmid)

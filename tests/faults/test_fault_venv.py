@@ -1,0 +1,157 @@
+"""Faults while the venv is built, on the shared CT, with the build moved aside (ml_venv_root and
+ml_venv_venvs_dir, not activated) so the working venv stays in place and must keep working:
+
+- the SSH link to the node killed a second into `uv sync` (a forwarder only this run uses);
+- the disk filling up during the build (a small tmpfs on the venvs folder, inside the container only).
+
+After each: no venv without its completion marker, the active venv untouched and working, and a rerun
+that completes. Venvs live in the shared uv store (hard links from the cache), as the real ones do."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from faultlib import Link, ct_ls, ct_sh, one_line, run, venv_works, wait_for
+from playbook_runner import PlaybookRun
+
+ROOT = "/opt/mlstack-faults"
+STORE_VENVS = "/var/cache/mlstack/uv/venvs"
+
+
+def profile_env(vmid: int) -> str:
+    return ct_sh(vmid, "cat /etc/profile.d/mlstack.sh; readlink /opt/mlstack/venv").stdout
+
+
+def untrusted_venvs(vmid: int, venvs: str) -> list[str]:
+    """Folders in `venvs` that look like a venv but lack the completion marker."""
+    names = [n for n in ct_ls(vmid, venvs) if not n.endswith((".partial", ".lock"))]
+    return [n for n in names if ct_sh(vmid, f"test -f {venvs}/{n}/.mlstack-complete").returncode != 0]
+
+
+def aside(venvs: str) -> dict[str, Any]:
+    """Extra vars that build the profile's venv in `venvs` (tools under ROOT), not making it active."""
+    return {
+        "ml_venv_root": ROOT,
+        "ml_venv_venvs_dir": venvs,
+        "ml_venv_activate": False,
+        "ml_venv_prune": False,
+        "doctor_tier": "quick",
+    }
+
+
+@pytest.fixture
+def ssh_link(testbed: Any, tmp_path: Path) -> Iterator[tuple[Link, dict[str, Any]]]:
+    """A forwarder to the node's sshd, and the extra vars that send every SSH connection of a run (the
+    node's and the containers') through it, host keys checked against the node's pinned key."""
+    link = Link(int(testbed.ssh_port))
+    key = (Path(testbed.state_dir) / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()
+    line = f"[127.0.0.1]:{link.port} {key[0]} {key[1]}"
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(line + "\n")
+    extra = {
+        "ansible_port": link.port,
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes",
+        "mlstack_pve_host_key": line,
+    }
+    yield link, extra
+    link.close()
+    # gpu_container pinned the forwarder's name in ~/.ssh/known_hosts for paramiko: take it out again.
+    run(["ssh-keygen", "-R", f"[127.0.0.1]:{link.port}", "-f", str(Path.home() / ".ssh" / "known_hosts")])
+
+
+@pytest.mark.slow
+def test_ssh_link_killed_during_uv_sync(
+    runner: Any, shared_ct: dict[str, Any], ssh_link: tuple[Link, dict[str, Any]]
+) -> None:
+    vmid, venvs = int(shared_ct["vmid"]), f"{STORE_VENVS}/ct160-faults-ssh"
+    link, via_link = ssh_link
+    ct_sh(vmid, f"rm -rf {venvs}")
+    env_before = profile_env(vmid)
+    results: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: results.update(cut=runner("provision.yml", [shared_ct], **via_link, **aside(venvs)))
+    )
+    thread.start()
+    try:
+
+        def syncing() -> bool:
+            return ct_sh(vmid, "pgrep -f 'bin/uv [s]ync' >/dev/null").returncode == 0
+
+        wait_for(lambda: syncing() or not thread.is_alive(), 600, 0.5)
+        assert syncing(), "uv sync never started: " + results.get("cut", PlaybookRun(0, "")).output[-3000:]
+        time.sleep(1)
+        link.cut()
+        results["syncing_at_cut"] = syncing()
+        cut_at = time.monotonic()
+    finally:
+        thread.join(900)
+    cut = results["cut"]
+
+    # What the user saw: the container unreachable at the build, with the connection's own error.
+    assert cut.rc != 0
+    assert "UNREACHABLE!" in cut.output, cut.output[-3000:]
+    assert "Build the venv from the lock" in cut.output.split("UNREACHABLE!")[0].rsplit("TASK [", 1)[-1]
+    assert f"Unable to connect to port {link.port} on 127.0.0.1" in one_line(cut.output), cut.output[-3000:]
+    assert time.monotonic() - cut_at < 120, "the run did not notice the link was gone"
+    # State: the working venv untouched; no venv without its marker (the build, left running in the
+    # container by the async task, is still in its .partial folder or complete).
+    assert profile_env(vmid) == env_before
+    assert venv_works(vmid)
+    assert untrusted_venvs(vmid, venvs) == []
+
+    # Link back: a rerun waits for the orphaned build (or finds it complete) and completes.
+    link.restore()
+    again = runner("provision.yml", [shared_ct], **via_link, **aside(venvs))
+    assert again.rc == 0, again.output[-4000:]
+    built = [n for n in ct_ls(vmid, venvs) if not n.endswith(".lock")]
+    assert len(built) == 1 and not built[0].endswith(".partial"), built
+    assert venv_works(vmid, f"{venvs}/{built[0]}")
+    assert profile_env(vmid) == env_before
+    ct_sh(vmid, f"rm -rf {venvs}")
+
+
+@pytest.fixture
+def small_disk(shared_ct: dict[str, Any]) -> Iterator[str]:
+    """A 256 MiB tmpfs on a venvs folder of the store, mounted inside the shared CT only: room for a few
+    files, not for torch."""
+    vmid, venvs = int(shared_ct["vmid"]), f"{STORE_VENVS}/ct160-faults-disk"
+    r = ct_sh(
+        vmid, f"rm -rf {venvs} && mkdir -p {venvs} && mount -t tmpfs -o size=256m mlstack-faults {venvs}"
+    )
+    assert r.returncode == 0, r.stderr
+    yield venvs
+    ct_sh(vmid, f"umount {venvs} 2>/dev/null; rm -rf {venvs}")
+
+
+@pytest.mark.slow
+def test_disk_full_during_the_venv_build(runner: Any, shared_ct: dict[str, Any], small_disk: str) -> None:
+    vmid, venvs = int(shared_ct["vmid"]), small_disk
+    env_before = profile_env(vmid)
+    full = runner("provision.yml", [shared_ct], **aside(venvs))
+
+    # What the user saw: the build failed, named the full disk and what to do.
+    text = one_line(full.output)
+    assert full.rc != 0
+    assert f"no space left on the filesystem of {venvs}" in text, full.output[-4000:]
+    assert "free space or grow the filesystem mounted there" in text
+    # State: the partial venv removed (the space is free again), the active venv untouched and working.
+    assert [n for n in ct_ls(vmid, venvs) if n.endswith(".partial")] == []
+    assert untrusted_venvs(vmid, venvs) == []
+    used_kb = int(ct_sh(vmid, f"df -Pk {venvs} | awk 'NR == 2 {{ print $3 }}'").stdout.strip())
+    assert used_kb < 16 * 1024, f"{used_kb} KiB still used on the full disk"
+    assert profile_env(vmid) == env_before
+    assert venv_works(vmid)
+
+    # Space made (the tmpfs gone: the store has room): a rerun builds the venv and completes.
+    assert ct_sh(vmid, f"umount {venvs}").returncode == 0
+    again = runner("provision.yml", [shared_ct], **aside(venvs))
+    assert again.rc == 0, again.output[-4000:]
+    built = [n for n in ct_ls(vmid, venvs) if not n.endswith(".lock")]
+    assert len(built) == 1 and not built[0].endswith(".partial"), built
+    assert venv_works(vmid, f"{venvs}/{built[0]}")
+    assert profile_env(vmid) == env_before

@@ -62,7 +62,7 @@ def test_concurrent_second_run_on_the_same_node(runner: Any, shared_ct: dict[str
     # State: one complete venv, built once (a second build waits for the first and reuses it); nothing
     # half-built; the working venv untouched.
     blocks = [task_block(r.output, "Build the venv from the lock") for r in (first, second)]
-    fresh_builds = [b for b in blocks if "changed: [" in b and "already complete" not in b]
+    fresh_builds = [b for b in blocks if "changed: [" in b and "already complete" not in one_line(b)]
     assert len(fresh_builds) <= 1, blocks
     built = [n for n in ct_ls(vmid, VENVS) if not n.endswith(".lock")]
     assert len(built) == 1 and not built[0].endswith(".partial"), built

@@ -12,15 +12,7 @@ from typing import Any
 import pytest
 from faultlib import GpulessNode, one_line
 from playbook_runner import REPO, container
-from proxmoxer.core import ResourceException
-
-
-def exists(api: Any, node: str, vmid: int) -> bool:
-    try:
-        api.nodes(node).lxc(vmid).status.current.get()
-        return True
-    except ResourceException:
-        return False
+from tbhelpers import ct_exists as exists
 
 
 def assert_refused_before_any_change(result: Any, api: Any, testbed: Any, message: str, vmid: int) -> None:

@@ -7,16 +7,7 @@ from typing import Any
 
 import pytest
 from playbook_runner import container
-from proxmoxer.core import ResourceException
-
-
-def exists(api: Any, node: str, vmid: int) -> bool:
-    try:
-        api.nodes(node).lxc(vmid).status.current.get()
-        return True
-    except ResourceException:
-        return False
-
+from tbhelpers import ct_exists as exists
 
 CASES = {
     "unknown profile": ([container(121, profile="torch99-nosuch")], "unknown profile 'torch99-nosuch'"),

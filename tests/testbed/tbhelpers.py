@@ -69,3 +69,14 @@ def ssh(
         command,
     ]
     return run(argv, timeout=timeout, input=stdin)
+
+
+def ct_exists(api: Any, node: str, vmid: int) -> bool:
+    """Whether the API knows container `vmid`."""
+    from proxmoxer.core import ResourceException
+
+    try:
+        api.nodes(node).lxc(vmid).status.current.get()
+        return True
+    except ResourceException:
+        return False

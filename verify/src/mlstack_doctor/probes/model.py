@@ -61,31 +61,22 @@ def model_config(ctx: Context) -> Result:
         code, text = where["problem"]
         return failed(name, stage, text, code, fix_for(code), **ev)
     cfg_path = where["config"]
+
+    def corrupt(summary: str) -> Result:
+        fix = fix_for("MODEL_CONFIG_CORRUPT", model_dir=str(Path(cfg_path).parent))
+        return failed(name, stage, summary, "MODEL_CONFIG_CORRUPT", fix, **ev)
+
     try:
         raw = json.loads(Path(cfg_path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         ev["error"] = f"{type(exc).__name__}: {exc}"
-        return failed(
-            name,
-            stage,
-            f"{cfg_path}: {exc}",
-            "MODEL_CONFIG_CORRUPT",
-            fix_for("MODEL_CONFIG_CORRUPT", model_dir=str(Path(cfg_path).parent)),
-            **ev,
-        )
+        return corrupt(f"{cfg_path}: {exc}")
     text_cfg = raw.get("text_config", raw) if isinstance(raw, dict) else None
     absent = ["model_type"] if not isinstance(raw, dict) or "model_type" not in raw else []
     absent += [k for k in REQUIRED if not isinstance(text_cfg, dict) or k not in text_cfg]
     if absent:
         ev["missing_fields"] = absent
-        return failed(
-            name,
-            stage,
-            f"{cfg_path} lacks {', '.join(absent)}",
-            "MODEL_CONFIG_CORRUPT",
-            fix_for("MODEL_CONFIG_CORRUPT", model_dir=str(Path(cfg_path).parent)),
-            **ev,
-        )
+        return corrupt(f"{cfg_path} lacks {', '.join(absent)}")
     if where.get("weights_dir"):
         lost = _check_index(where["weights_dir"])
         if lost:

@@ -23,6 +23,7 @@ PACKAGES = (
 )
 LXC_NET = "/usr/libexec/lxc/lxc-net"
 LXC_NET_DEFAULTS = Path("/etc/default/lxc-net")
+LXC_NET_FLAG = Path("/run/lxc/network_up")  # lxc-net's "already running" marker
 SUBID_LINE = f"root:{paths.IDMAP_BASE}:{paths.IDMAP_SIZE}"
 
 
@@ -78,6 +79,12 @@ def ensure_bridge() -> bool:
     if 'USE_LXC_BRIDGE="true"' not in text:
         lines = [ln for ln in text.splitlines() if not ln.startswith("USE_LXC_BRIDGE=")]
         LXC_NET_DEFAULTS.write_text("\n".join([*lines, 'USE_LXC_BRIDGE="true"']) + "\n")
+    if LXC_NET_FLAG.is_file():
+        # lxc-net's own flag outlived its dnsmasq (a reboot without tmpfs /run, a killed process):
+        # "start" would refuse with "already running", so clear the stale state first.
+        say(f"{paths.HOST_BRIDGE}: lxc-net state is stale (dnsmasq not running); resetting it")
+        run([LXC_NET, "stop", "force"], timeout=60)
+        LXC_NET_FLAG.unlink(missing_ok=True)
     say(f"starting the {paths.HOST_BRIDGE} bridge ({LXC_NET} start)")
     r = run([LXC_NET, "start"], timeout=60)
     if not r.ok or not bridge_up():

@@ -48,7 +48,10 @@ def doctor(args: list[str], cache: str, log_dir: Path, tag: str) -> dict[str, An
     report = json.loads(out.read_text()) if out.is_file() else {}
     probes = {p["name"]: p for p in report.get("probes", [])}
     entries = len(os.listdir(cache)) if os.path.isdir(cache) else 0
-    print(f"  {tag}: rc={proc.returncode} {wall:.1f} s", flush=True)
+    # Each run's headline at once: a run cut short (the GPU lease ends) keeps what it printed.
+    first = ((probes.get("model_forward") or {}).get("evidence") or {}).get("first_forward_s")
+    root = ((report.get("summary") or {}).get("root_cause") or {}).get("code")
+    print(f"  {tag}: rc={proc.returncode} {wall:.1f} s first_forward_s={first} root_cause={root}", flush=True)
     return {
         "tag": tag,
         "rc": proc.returncode,

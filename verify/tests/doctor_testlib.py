@@ -23,8 +23,12 @@ TEST_TRANSFORMERS = "5.17.0"
 
 
 def validate(report: dict[str, Any]) -> None:
-    import jsonschema
-
+    try:
+        import jsonschema
+    except ImportError:  # a GPU machine's bare python (the controller venv pins jsonschema)
+        missing = [k for k in SCHEMA["required"] if k not in report]
+        assert not missing, f"report lacks {missing}"
+        return
     jsonschema.validate(report, SCHEMA, format_checker=jsonschema.FormatChecker())
 
 
@@ -45,7 +49,8 @@ class DoctorRun:
 
 def doctor_env(extra: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in unset}
-    env["PYTHONPATH"] = str(SRC)
+    # The doctor's source first; keep what the caller had (a GPU machine's FLA installed with --target).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)
     env.setdefault("TRITON_CACHE_DIR", "/tmp/mlstack-doctor-test-triton-cache")
     env.update(extra or {})
     return env

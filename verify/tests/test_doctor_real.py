@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from doctor_testlib import (
     PY_VER,
+    SRC,
     TEST_TORCH,
     TEST_TRANSFORMERS,
     doctor_env,
@@ -203,6 +204,22 @@ def test_model_type_unknown(torch_venv: Path, tmp_path: Path) -> None:
     p = run.probe("model_config")
     assert run.rc == 1 and p["code"] == "MODEL_TYPE_UNKNOWN", p
     assert "transformers" in p["fix"]
+
+
+def test_model_config_worker_death_is_not_a_corrupt_config(tmp_path: Path) -> None:
+    # A transformers whose import kills the process: the config is fine, the worker crashed.
+    fake = tmp_path / "site" / "transformers"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import os\nos.abort()\n")
+    meta = tmp_path / "site" / f"transformers-{TEST_TRANSFORMERS}.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: transformers\nVersion: {TEST_TRANSFORMERS}\n"
+    )
+    env = doctor_env({"PYTHONPATH": f"{SRC}{os.pathsep}{tmp_path / 'site'}"})
+    run = run_doctor("--no-gpu", "--only", "model_config", "--model", "tiny", env=env)
+    p = run.probe("model_config")
+    assert run.rc == 1 and p["code"] == "PROBE_CRASHED", p
 
 
 @pytest.mark.parametrize("model,params_b", [("tiny", 0.02), ("27b", 25.38)])

@@ -34,7 +34,7 @@ def test_gpu_stages_pass() -> None:
         "nvidia_device_nodes,nvidia_driver,torch_cuda,triton_target,fla_device,fla_kernel",
         timeout=900,
     )
-    for name in ("nvidia_driver", "torch_cuda", "triton_target"):
+    for name in ("nvidia_driver", "torch_cuda", "triton_target", "fla_device", "fla_kernel"):
         assert run.probe(name)["status"] == "pass", run.probe(name)
 
 

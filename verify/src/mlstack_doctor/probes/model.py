@@ -105,9 +105,15 @@ def model_config(ctx: Context) -> Result:
     )
     data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback", "id")}
     if not res.ok:
-        code = classify(res.error_text, "MODEL_CONFIG_CORRUPT")
-        if code == "MODEL_TYPE_UNKNOWN" or "model_type" in res.error_text:
+        # Only transformers' own answer speaks of the config; a worker that hung or died says nothing of it.
+        if res.run.timed_out:
+            code = "PROBE_TIMEOUT"
+        elif not res.answered:
+            code = classify(res.error_text, "PROBE_CRASHED")
+        elif "model_type" in res.error_text:
             code = "MODEL_TYPE_UNKNOWN"
+        else:
+            code = classify(res.error_text, "MODEL_CONFIG_CORRUPT")
         ev.update(data)
         ev.update(res.evidence())
         fix = fix_for(code, python=ctx.python, model_dir=str(Path(cfg_path).parent))

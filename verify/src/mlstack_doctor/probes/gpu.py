@@ -100,9 +100,12 @@ def torch_cuda(ctx: Context) -> Result:
     data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback", "id")}
     data.update(session_evidence(ctx))
     if not res.ok:
-        default = (
-            "TORCH_NO_CUDA" if res.data.get("torch_cuda") is None and res.answered else "CUDA_UNAVAILABLE"
-        )
+        if res.data.get("torch_cuda") is None and res.answered:
+            default = "TORCH_NO_CUDA"
+        elif ctx.facts.get("uvm_missing"):
+            default = "NVIDIA_UVM_MISSING"
+        else:
+            default = "CUDA_UNAVAILABLE"
         return _fail(name, stage, ctx, res, default, "torch cannot use CUDA", **data)
     ctx.facts["gpus"] = data["gpus"]
     if not data.get("device_count"):

@@ -83,6 +83,9 @@ def device_nodes(ctx: Context) -> Result:
                 return warned(name, stage, summary + " (no GPU expected)", code, fix_for(code), **ev)
             return failed(name, stage, summary, code, fix_for(code), **ev)
     if "/dev/nvidia-uvm" not in paths:
+        # Only a warning here (a host's driver may create it on first use); torch_cuda names it the root
+        # cause if CUDA then fails (an H200 without it says only "CUDA unknown error").
+        ctx.facts["uvm_missing"] = True
         return warned(
             name,
             stage,

@@ -112,8 +112,8 @@ def model_config(ctx: Context) -> Result:
             code = classify(res.error_text, "PROBE_CRASHED")
         elif "model_type" in res.error_text:
             code = "MODEL_TYPE_UNKNOWN"
-        else:
-            code = classify(res.error_text, "MODEL_CONFIG_CORRUPT")
+        else:  # the JSON parsed with every field: what fails now is building the model from it
+            code = classify(res.error_text, "MODEL_LOAD_FAILED")
         ev.update(data)
         ev.update(res.evidence())
         fix = fix_for(code, python=ctx.python, model_dir=str(Path(cfg_path).parent))

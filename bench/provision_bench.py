@@ -45,6 +45,12 @@ def task_seconds(run: PlaybookRun, name: str) -> float:
     return total
 
 
+def build_seconds(run: PlaybookRun) -> float | None:
+    """The venv builder's own time ("mlstack-build-venv: built ... in X s"), free of Ansible's polling."""
+    times = [float(m) for m in re.findall(r"mlstack-build-venv: built \S+ in ([0-9.]+) s", run.output)]
+    return sum(times) if times else None
+
+
 LOGS: Path | None = None
 
 
@@ -79,20 +85,23 @@ def main() -> None:
     runner = make_runner(work, env=PROFILE_ENV)
     first, second = [container(190)], [container(191)]
     all_vmids = list(range(190, 198))
-    fig: dict[str, float] = {}
+    fig: dict[str, Any] = {}
     try:
         print("provisioning (cold uv cache, then shared):", flush=True)
         fig["first_provision_s"], r1 = timed(runner, "provision.yml", first)
-        fig["first_venv_s"] = task_seconds(r1, VENV_TASK)
+        fig["first_venv_task_s"] = task_seconds(r1, VENV_TASK)
+        fig["first_venv_build_s"] = build_seconds(r1)
         fig["second_provision_s"], r2 = timed(runner, "provision.yml", second)
-        fig["second_venv_s"] = task_seconds(r2, VENV_TASK)
+        fig["second_venv_task_s"] = task_seconds(r2, VENV_TASK)
+        fig["second_venv_build_s"] = build_seconds(r2)
         fig["rerun_s"], r3 = timed(runner, "provision.yml", first + second)
         fig["rerun_changed"] = r3.changed()
         fig["verify_s"], _ = timed(runner, "verify.yml", first + second)
         fig["upgrade_s"], r4 = timed(
             runner, "upgrade.yml", first, mlstack_upgrade_profile="torch211-triton37"
         )
-        fig["upgrade_venv_s"] = task_seconds(r4, VENV_TASK)
+        fig["upgrade_venv_task_s"] = task_seconds(r4, VENV_TASK)
+        fig["upgrade_venv_build_s"] = build_seconds(r4)
         print("N containers in one run (shared uv cache):", flush=True)
         sizes = [1, 2] if args.skip_n4 else [1, 2, 4]
         next_vmid = 192
@@ -104,11 +113,14 @@ def main() -> None:
     finally:
         runner("destroy.yml", [container(v) for v in all_vmids], mlstack_destroy_confirm=True)
 
-    print("\nfigures:")
+    print("\nfigures (build_s: the builder's own time; task_s: the Ansible task, polling included):")
     for key, value in fig.items():
-        print(f"  {key:<22} {value:8.1f}")
-    venv_ratio = fig["first_venv_s"] / max(fig["second_venv_s"], 0.01)
-    print(f"  venv first / second   {venv_ratio:8.1f}x  (goal >= 5x)")
+        print(f"  {key:<22} {value:8.1f}" if isinstance(value, float) else f"  {key:<22} {value}")
+    if fig.get("first_venv_build_s") and fig.get("second_venv_build_s"):
+        venv_ratio = fig["first_venv_build_s"] / max(fig["second_venv_build_s"], 0.1)
+        print(f"  venv build first / second {venv_ratio:6.1f}x  (goal >= 5x)")
+    task_ratio = fig["first_venv_task_s"] / max(fig["second_venv_task_s"], 0.01)
+    print(f"  venv task first / second  {task_ratio:6.1f}x")
     print(f"  provision first / second {fig['first_provision_s'] / fig['second_provision_s']:5.1f}x")
     for n in sizes[1:]:
         print(f"  N={n} vs N=1 time      {fig[f'n{n}_provision_s'] / fig['n1_provision_s']:8.2f}x")

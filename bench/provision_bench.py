@@ -47,7 +47,8 @@ def task_seconds(run: PlaybookRun, name: str) -> float:
 
 def build_seconds(run: PlaybookRun) -> float | None:
     """The venv builder's own time ("mlstack-build-venv: built ... in X s"), free of Ansible's polling."""
-    times = [float(m) for m in re.findall(r"mlstack-build-venv: built \S+ in ([0-9.]+) s", run.output)]
+    # The YAML callback folds long messages: any whitespace, newlines included, between the words.
+    times = [float(m) for m in re.findall(r"mlstack-build-venv: built\s+\S+\s+in\s+([0-9.]+) s", run.output)]
     return sum(times) if times else None
 
 

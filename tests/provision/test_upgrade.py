@@ -72,6 +72,8 @@ def test_doctor_failure_keeps_the_old_venv(runner: Any) -> None:
     finally:
         inside("mv /usr/bin/gcc.hidden /usr/bin/gcc")
     assert result.rc != 0
+    # The new venv was built (the play says how long it took) and then refused by the doctor.
+    assert re.search(r"mlstack-build-venv: built\s+\S+triton37\S*\s+in\s+[0-9.]+ s \(uv: ", result.output)
     assert "NO_C_COMPILER" in result.output
     assert active_venv() == before
     assert active_triton() == "3.6.0"

@@ -61,18 +61,23 @@ def start_triton_target(ctx: Context) -> None:
     ctx.background["triton_target"] = (bg, fresh)
 
 
+def failure_code(res: runner.WorkerResult, default: str, text: str) -> str:
+    """The code for a worker that did not succeed: it hung, died without an answer, or answered an error
+    (then `default` unless `text` names a more specific cause)."""
+    if res.run.timed_out:
+        return "PROBE_TIMEOUT"
+    if not res.answered:
+        return classify(text, "PROBE_CRASHED")
+    return classify(text, default)
+
+
 def _fail(
     name: str, stage: Stage, ctx: Context, res: runner.WorkerResult, default: str, what: str, **ev: object
 ) -> Result:
     # The exception first, then the worker's stderr: a compiler Triton ran prints the specific cause there
     # ("fatal error: Python.h: No such file or directory") while the exception only says CalledProcessError.
     text = res.error_text + "\n" + res.run.stderr[-20000:]
-    if res.run.timed_out:
-        code = "PROBE_TIMEOUT"
-    elif not res.answered:
-        code = classify(text, "PROBE_CRASHED")
-    else:
-        code = classify(text, default)
+    code = failure_code(res, default, text)
     ev = {**ev, **res.evidence()}
     fix = fix_for(
         code,

@@ -105,15 +105,11 @@ def model_config(ctx: Context) -> Result:
     )
     data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback", "id")}
     if not res.ok:
-        # Only transformers' own answer speaks of the config; a worker that hung or died says nothing of it.
-        if res.run.timed_out:
-            code = "PROBE_TIMEOUT"
-        elif not res.answered:
-            code = classify(res.error_text, "PROBE_CRASHED")
-        elif "model_type" in res.error_text:
+        # The JSON parsed with every field, so an answered error is about building the model from it,
+        # or transformers not knowing its type; a worker that hung or died says nothing of the config.
+        code = gpu.failure_code(res, "MODEL_LOAD_FAILED", res.error_text)
+        if res.answered and not res.run.timed_out and "model_type" in res.error_text:
             code = "MODEL_TYPE_UNKNOWN"
-        else:  # the JSON parsed with every field: what fails now is building the model from it
-            code = classify(res.error_text, "MODEL_LOAD_FAILED")
         ev.update(data)
         ev.update(res.evidence())
         fix = fix_for(code, python=ctx.python, model_dir=str(Path(cfg_path).parent))

@@ -48,11 +48,7 @@ def doctor(args: list[str], cache: str, log_dir: Path, tag: str) -> dict[str, An
     report = json.loads(out.read_text()) if out.is_file() else {}
     probes = {p["name"]: p for p in report.get("probes", [])}
     entries = len(os.listdir(cache)) if os.path.isdir(cache) else 0
-    # Each run's headline at once: a run cut short (the GPU lease ends) keeps what it printed.
-    first = ((probes.get("model_forward") or {}).get("evidence") or {}).get("first_forward_s")
-    root = ((report.get("summary") or {}).get("root_cause") or {}).get("code")
-    print(f"  {tag}: rc={proc.returncode} {wall:.1f} s first_forward_s={first} root_cause={root}", flush=True)
-    return {
+    result = {
         "tag": tag,
         "rc": proc.returncode,
         "wall_s": round(wall, 1),
@@ -60,6 +56,11 @@ def doctor(args: list[str], cache: str, log_dir: Path, tag: str) -> dict[str, An
         "root_cause": (report.get("summary") or {}).get("root_cause"),
         "cache_entries": entries,
     }
+    # Each run's headline at once: a run cut short (the GPU lease ends) keeps what it printed.
+    first = fwd(result).get("first_forward_s")
+    root = (result["root_cause"] or {}).get("code")
+    print(f"  {tag}: rc={proc.returncode} {wall:.1f} s first_forward_s={first} root_cause={root}", flush=True)
+    return result
 
 
 def bare_import(cache: str) -> float:

@@ -144,6 +144,22 @@ def _worker_env(env: dict[str, str] | None) -> dict[str, str]:
     return full_env
 
 
+def _spawn(argv: list[str], env: dict[str, str] | None, *, stdin: int) -> subprocess.Popen:
+    """A worker process: line-buffered text pipes (undecodable bytes replaced), the worker environment,
+    and its own process group, so `_kill` also ends what it started."""
+    return subprocess.Popen(
+        argv,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        bufsize=1,
+        env=_worker_env(env),
+        start_new_session=True,
+    )
+
+
 def _answer(stdout: str) -> dict[str, Any]:
     """The last result line a worker printed, parsed; {} when there is none (it crashed first)."""
     for line in reversed(stdout.splitlines()):
@@ -185,16 +201,7 @@ class Background:
         self._done: WorkerResult | None = None
         self.proc: subprocess.Popen | None = None
         try:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                stdin=subprocess.DEVNULL,
-                text=True,
-                errors="replace",
-                env=_worker_env(env),
-                start_new_session=True,
-            )
+            self.proc = _spawn(self.argv, env, stdin=subprocess.DEVNULL)
         except FileNotFoundError as exc:
             self._done = WorkerResult(RunResult(self.argv, RC_NOT_FOUND, "", str(exc), 0.0, not_found=True))
         except OSError as exc:
@@ -272,17 +279,7 @@ class Session:
             return
         self.started_at = time.monotonic()
         try:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                errors="replace",
-                bufsize=1,
-                env=_worker_env(self.env),
-                start_new_session=True,
-            )
+            self.proc = _spawn(self.argv, self.env, stdin=subprocess.PIPE)
         except OSError as exc:
             self.dead = f"cannot start the GPU worker: {exc}"
             return

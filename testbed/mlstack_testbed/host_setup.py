@@ -82,7 +82,7 @@ def ensure_bridge() -> bool:
     if LXC_NET_FLAG.is_file():
         # lxc-net's own flag outlived its dnsmasq (a reboot without tmpfs /run, a killed process):
         # "start" would refuse with "already running", so clear the stale state first.
-        say(f"{paths.HOST_BRIDGE}: lxc-net state is stale (dnsmasq not running); resetting it")
+        say(f"{paths.HOST_BRIDGE}: lxc-net state is stale (flag set, address or dnsmasq gone); resetting")
         run([LXC_NET, "stop", "force"], timeout=60)
         LXC_NET_FLAG.unlink(missing_ok=True)
     say(f"starting the {paths.HOST_BRIDGE} bridge ({LXC_NET} start)")

@@ -6,11 +6,11 @@ import argparse
 import os
 import sys
 import traceback
-from pathlib import Path
 
 from mlstack_doctor import __version__, engine, profile, render
 from mlstack_doctor.context import Context, Options
 from mlstack_doctor.engine import Probe
+from mlstack_doctor.files import write_atomic
 from mlstack_doctor.record import Result, Status
 
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 1, 2
@@ -213,9 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = render.report(args.tier, options, started, results, summary)
     if args.output:
         try:
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            with open(args.output, "w", encoding="utf-8") as f:
-                render.write_json(doc, f)
+            # Atomic: a second run of the doctor (a concurrent provision run) may write the same file.
+            write_atomic(args.output, render.json_text(doc))
         except OSError as exc:
             sys.stderr.write(f"mlstack-doctor: cannot write {args.output}: {exc}\n")
             return EXIT_CANNOT_RUN

@@ -134,6 +134,9 @@ def table(results: list[Result], summary: dict[str, Any], out: TextIO, use_rich:
     _verdict(summary, out)
 
 
+def json_text(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, default=str) + "\n"
+
+
 def write_json(doc: dict[str, Any], out: TextIO) -> None:
-    json.dump(doc, out, indent=2, default=str)
-    out.write("\n")
+    out.write(json_text(doc))

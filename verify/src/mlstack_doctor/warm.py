@@ -21,11 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from mlstack_doctor.files import write_atomic
 
 RECIPE = 1  # bump when what the warm step runs changes: every stamp is then stale
 STAMP_DIR = "mlstack-warm"
@@ -200,12 +201,5 @@ def entries(cache_dir: str | Path) -> set[str]:
 def write_stamp(cache_dir: str | Path, parts: dict[str, Any], record: dict[str, Any]) -> Path:
     """Write <cache>/mlstack-warm/<key>.json atomically (several containers may share the cache)."""
     key = cache_key(parts)
-    path = stamp_path(cache_dir, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"key": key, "parts": parts, "finished": datetime.now(UTC).isoformat(timespec="seconds"), **record}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=2, sort_keys=True)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    return path
+    return write_atomic(stamp_path(cache_dir, key), json.dumps(doc, indent=2, sort_keys=True))

@@ -184,13 +184,19 @@ def test_probe_rewarms_when_the_shapes_change(ctx: Context) -> None:
     assert "shapes.seq_lens: [2048] -> [4096]" in again.evidence["reason"]
 
 
-def test_refused_backward_is_a_warning_and_still_stamped(ctx: Context, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("purpose", "status"), [("training", Status.FAIL), ("inference", Status.WARN)])
+def test_refused_backward_follows_the_purpose_and_is_still_stamped(
+    ctx: Context, tmp_path: Path, purpose: str, status: Status
+) -> None:
+    ctx.opts.purpose = purpose
     ctx.session = FakeSession(tmp_path, backward_error=REFUSAL)  # type: ignore[assignment]
     r = warm_probe.triton_warm(ctx)
-    assert r.status is Status.WARN and r.code == "FLA_BACKWARD_NEEDS_TILELANG" and "tilelang" in (r.fix or "")
+    assert r.status is status and r.code == "FLA_BACKWARD_NEEDS_TILELANG" and "tilelang" in (r.fix or "")
     assert "backward REFUSED" in r.summary and "forward warmed" in r.summary
     assert json.loads(Path(r.evidence["stamp_path"]).read_text())["backward"] == "refused"
-    assert warm_probe.triton_warm(ctx).evidence["action"] == "skipped"
+    again = warm_probe.triton_warm(ctx)  # a warm key keeps the verdict of the run that stamped it
+    assert again.evidence["action"] == "skipped"
+    assert (again.status, again.code) == (status, "FLA_BACKWARD_NEEDS_TILELANG")
 
 
 def test_other_backward_failure_fails_without_a_stamp(ctx: Context, tmp_path: Path) -> None:

@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="default",
         help="expected versions: 'default' or a uv.lock / a directory holding one",
     )
+    p.add_argument(
+        "--purpose",
+        choices=("training", "inference"),
+        default="training",
+        help="what the stack is for: training (default; a backward FLA refuses fails) or inference "
+        "(forward only; a refused backward is a warning)",
+    )
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout (no table)")
     p.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")
     p.add_argument("--threads", type=int, default=4, help="stress tier: threads over the GPUs (default 4)")
@@ -186,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout_scale=args.timeout_scale,
         measure_peak=args.measure_peak,
         only=only,
+        purpose=args.purpose,
     )
     ctx = Context(opts)
     started = render.now()
@@ -208,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "stress_cache": args.stress_cache,
         "rewarm": args.rewarm,
         "only": only,
+        "purpose": args.purpose,
         "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
     }
     doc = render.report(args.tier, options, started, results, summary)

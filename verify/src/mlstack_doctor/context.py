@@ -27,6 +27,7 @@ class Options:
     timeout_scale: float = 1.0
     measure_peak: bool = True
     only: list[str] | None = None
+    purpose: str = "training"  # training: a refused backward fails; inference: it only warns
 
 
 @dataclass

@@ -127,13 +127,27 @@ CODES: dict[str, Code] = {
         "pin the FLA and Triton versions of the profile (uv sync --frozen); report upstream if it persists",
     ),
     "FLA_BACKWARD_NEEDS_TILELANG": Code(
-        "FLA refuses the Gated DeltaNet backward on Hopper with Triton >= 3.4 without tilelang (FLA #640): "
-        "inference works, training does not",
-        "{python} -m pip install 'flash-linear-attention[tilelang]' (or add tilelang to the profile)",
+        "FLA refuses the Gated DeltaNet backward on Hopper with Triton >= 3.4 (FLA #640; FLA >= 0.5.2 only "
+        "below Triton 3.7.1, which fixes the bug): inference works, training does not",
+        "either triton >= 3.7.1 with FLA >= 0.5.2 (mlstack profile torch211-triton37-fla06: "
+        "{python} -m pip install 'triton==3.7.1' 'flash-linear-attention==0.6.0' 'fla-core==0.6.0'), "
+        "or tilelang ({python} -m pip install 'flash-linear-attention[tilelang]'; mlstack profiles "
+        "torch211-triton36 and torch211-triton37 with extras: [hopper])",
     ),
     "FLA_BACKWARD_MISMATCH": Code(
         "the Gated DeltaNet backward gives gradients different from the torch reference",
         "install tilelang ({python} -m pip install tilelang) or a triton/FLA pair known to be correct",
+    ),
+    # torch.compile (inductor generates Triton kernels: a Triton other than torch's pin can break it)
+    "TORCH_COMPILE_FAILED": Code(
+        "torch.compile (inductor) cannot compile or run a small function on the GPU with this torch+triton",
+        "install the triton torch pins ({python} -m pip install '{torch_pin}'), or a profile whose "
+        "triton override is proven with torch.compile; read evidence.exception",
+    ),
+    "TORCH_COMPILE_MISMATCH": Code(
+        "a torch.compile'd function gives a different answer from eager on the GPU",
+        "install the triton torch pins ({python} -m pip install '{torch_pin}') and report the pair "
+        "upstream; avoid torch.compile on this stack until then",
     ),
     # model
     "MODEL_PATH_MISSING": Code(

@@ -102,6 +102,16 @@ PROBES: tuple[Probe, ...] = (
         slow=True,
         session=True,
     ),
+    Probe(
+        "torch_compile",
+        Stage.TORCH,
+        gpu.torch_compile,
+        ("torch_cuda", "triton_target", "triton_cache_dir"),
+        ("torch", "triton"),
+        gpu=True,
+        slow=True,
+        session=True,
+    ),
     Probe("model_config", Stage.MODEL, model.model_config, slow=True),
     Probe(
         "model_forward",

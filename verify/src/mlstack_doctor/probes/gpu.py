@@ -14,7 +14,7 @@ from typing import Any
 from mlstack_doctor import runner
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
-from mlstack_doctor.record import Result, Stage, failed, passed
+from mlstack_doctor.record import Result, Stage, failed, passed, warned
 
 # session op -> (worker script, its args) for a run without the session
 OPS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -22,6 +22,7 @@ OPS: dict[str, tuple[str, dict[str, Any]]] = {
     "fla_device": ("w_fla.py", {"mode": "device"}),
     "fla_kernel": ("w_fla.py", {"mode": "kernel"}),
     "gdn_backward": ("w_fla.py", {"mode": "backward"}),
+    "torch_compile": ("w_compile.py", {}),
     "model_config": ("w_model.py", {"mode": "config"}),
     "model_forward": ("w_model.py", {"mode": "forward"}),
     "warm": ("w_model.py", {"mode": "warm"}),
@@ -72,7 +73,14 @@ def failure_code(res: runner.WorkerResult, default: str, text: str) -> str:
 
 
 def _fail(
-    name: str, stage: Stage, ctx: Context, res: runner.WorkerResult, default: str, what: str, **ev: object
+    name: str,
+    stage: Stage,
+    ctx: Context,
+    res: runner.WorkerResult,
+    default: str,
+    what: str,
+    fix_args: dict[str, str] | None = None,
+    **ev: object,
 ) -> Result:
     # The exception first, then the worker's stderr: a compiler Triton ran prints the specific cause there
     # ("fatal error: Python.h: No such file or directory") while the exception only says CalledProcessError.
@@ -88,6 +96,7 @@ def _fail(
         package=res.error_text.split("'")[1]
         if code == "PACKAGE_MISSING" and "'" in res.error_text
         else "<package>",
+        **(fix_args or {}),
     )
     return failed(
         name,
@@ -226,8 +235,51 @@ def gdn_backward(ctx: Context) -> Result:
             **data,
         )
     if not res.ok:
+        if failure_code(res, "FLA_KERNEL_FAILED", res.error_text) == "FLA_BACKWARD_NEEDS_TILELANG":
+            return backward_refused(
+                ctx, name, stage, f"FLA refuses the Gated DeltaNet backward: {res.error_text[:200]}", **data
+            )
         return _fail(name, stage, ctx, res, "FLA_KERNEL_FAILED", "Gated DeltaNet backward failed", **data)
     worst = max(data["grad_rel_err"].values())
     return passed(
         name, stage, f"Gated DeltaNet fwd+bwd match the reference (worst grad rel err {worst:.1e})", **data
+    )
+
+
+def backward_refused(ctx: Context, name: str, stage: Stage, summary: str, **ev: Any) -> Result:
+    """FLA refuses the Gated DeltaNet backward (FLA #640): a failure for a container meant to train, a
+    warning for one meant only for inference (the forward is what it runs)."""
+    code = "FLA_BACKWARD_NEEDS_TILELANG"
+    fix = fix_for(code, python=ctx.python)
+    if ctx.opts.purpose == "inference":
+        return warned(name, stage, f"{summary} (purpose inference: forward only)", code, fix, **ev)
+    return failed(name, stage, f"{summary}: this stack cannot train (purpose training)", code, fix, **ev)
+
+
+def torch_compile(ctx: Context) -> Result:
+    """torch.compile of a small function on the GPU against eager: inductor uses the installed Triton, so
+    a profile that overrides torch's triton pin must prove it did not break it."""
+    name, stage = "torch_compile", Stage.TORCH
+    res = call(ctx, name, "torch_compile", {"device": "cuda"}, timeout=ctx.timeout(300))
+    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback", "id")}
+    pin_ev = ctx.results["torch_triton_pin"].evidence if "torch_triton_pin" in ctx.results else {}
+    torch_pin = f"triton=={pin_ev['torch_pins_triton']}" if pin_ev.get("torch_pins_triton") else "triton"
+    if res.answered and res.data.get("mismatch"):
+        return failed(
+            name,
+            stage,
+            f"torch.compile's result differs from eager (rel err {data.get('rel_err')} > {data.get('tol')})",
+            "TORCH_COMPILE_MISMATCH",
+            fix_for("TORCH_COMPILE_MISMATCH", python=ctx.python, torch_pin=torch_pin),
+            **data,
+        )
+    if not res.ok:
+        fix_args = {"torch_pin": torch_pin}
+        return _fail(name, stage, ctx, res, "TORCH_COMPILE_FAILED", "torch.compile failed", fix_args, **data)
+    return passed(
+        name,
+        stage,
+        f"torch.compile (inductor, triton {data.get('triton')}) matches eager "
+        f"(rel err {data['rel_err']:.1e}); compiled in {data['compile_s']} s",
+        **data,
     )

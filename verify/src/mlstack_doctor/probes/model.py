@@ -261,12 +261,7 @@ def autotune_stress(ctx: Context) -> Result:
         f"{data['layers']} of {full_layers} layers, {state} cache: no race ({cold.get('seconds')} s)"
     )
     if refused:
-        return warned(
-            name,
-            stage,
-            f"forward: {done}; backward refused by FLA without tilelang (FLA #640), not stressed",
-            "FLA_BACKWARD_NEEDS_TILELANG",
-            fix_for("FLA_BACKWARD_NEEDS_TILELANG", python=ctx.python),
-            **data,
+        return gpu.backward_refused(
+            ctx, name, stage, f"forward: {done}; backward refused by FLA (FLA #640), not stressed", **data
         )
     return passed(name, stage, f"forward+backward: {done}", **data)

@@ -20,7 +20,7 @@ from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
 from mlstack_doctor.probes import gpu
 from mlstack_doctor.probes.packages import installed
-from mlstack_doctor.record import Result, Stage, failed, passed, warned
+from mlstack_doctor.record import Result, Stage, failed, passed
 
 NAME, STAGE = "triton_warm", Stage.WARM
 
@@ -67,16 +67,14 @@ def triton_warm(ctx: Context) -> Result:
     }
     if not decision.warm:
         st = decision.stamp or {}
-        return passed(
-            NAME,
-            STAGE,
+        summary = (
             f"skipped: cache key already warm ({decision.key}, warmed {st.get('finished')}: "
             f"{st.get('kernels_tuned')} kernel configs tuned in {st.get('seconds')} s, "
-            f"backward {st.get('backward')})",
-            action="skipped",
-            stamp=st,
-            **ev,
+            f"backward {st.get('backward')})"
         )
+        if st.get("backward") == "refused":  # the same verdict as the run that stamped it
+            return gpu.backward_refused(ctx, NAME, STAGE, summary, action="skipped", stamp=st, **ev)
+        return passed(NAME, STAGE, summary, action="skipped", stamp=st, **ev)
     before = warm.entries(cache)
     args = {
         "config_dict": cfg,
@@ -131,13 +129,12 @@ def triton_warm(ctx: Context) -> Result:
         f"{data.get('seconds')} s; {depth}, {shapes}, one thread"
     )
     if bwd_code:
-        return warned(
+        return gpu.backward_refused(
+            ctx,
             NAME,
             STAGE,
-            f"forward warmed ({done}); backward REFUSED by FLA without tilelang (FLA #640): "
-            "training's backward kernels are NOT warm",
-            bwd_code,
-            fix_for(bwd_code, python=ctx.python),
+            f"forward warmed ({done}); backward REFUSED by FLA (FLA #640): training's backward kernels "
+            "are NOT warm",
             **{**data, **ev, "action": "warmed"},
         )
     return passed(NAME, STAGE, f"warmed forward+backward: {done}", **{**data, **ev, "action": "warmed"})

@@ -3,7 +3,7 @@ GPU probes one request at a time (one JSON request per stdin line, one result li
 
 Each probe is still its own request, timed and answered on its own; a crash or a hang of this process
 is reported by the doctor against the request that was running. Ops: imports, torch_cuda, fla_device,
-fla_kernel, gdn_backward, model_config, model_forward, warm, exit.
+fla_kernel, gdn_backward, torch_compile, model_config, model_forward, warm, exit.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 import warnings
 from typing import Any
 
+import w_compile
 import w_fla
 import w_model
 import w_torch_cuda
@@ -46,6 +47,7 @@ OPS = {
     "fla_device": lambda a: w_fla.check({**a, "mode": "device"}),
     "fla_kernel": lambda a: w_fla.check({**a, "mode": "kernel"}),
     "gdn_backward": lambda a: w_fla.check({**a, "mode": "backward"}),
+    "torch_compile": w_compile.check,
     "model_config": lambda a: w_model.check({**a, "mode": "config"}),
     "model_forward": lambda a: w_model.check({**a, "mode": "forward"}),
     "warm": lambda a: w_model.check({**a, "mode": "warm"}),

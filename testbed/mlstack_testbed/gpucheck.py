@@ -54,13 +54,6 @@ DEFAULT_DEBS = REPO / ".debs"
 DEFAULT_PREFIX = Path("/tmp/mlstack-lxc")
 # LXC's compiled-in mount point for a container's rootfs (Debian's build); a private prefix lacks it.
 LXC_ROOTFS_MOUNT = Path("/usr/lib/x86_64-linux-gnu/lxc/rootfs")
-# Failures that are facts of the stack, not of passthrough (reported, never hidden).
-ACCEPTED = {
-    ("gdn_backward", "FLA_BACKWARD_NEEDS_TILELANG"): (
-        "FLA 0.5.1 with triton >= 3.4 refuses the Gated DeltaNet backward on Hopper without tilelang "
-        "(FLA #640): a fact of this stack, not of passthrough"
-    ),
-}
 NV_LIB = re.compile(r"^lib(cuda|cudadebugger|nvcuvid|nvoptix|nvidia-[A-Za-z0-9_.-]+?)\.so(\.\d+)*$")
 SYSTEM_LIB_DIRS = {
     "/lib",
@@ -576,6 +569,14 @@ def run_doctor(case: Case, host: Host, args: argparse.Namespace, step: Any) -> d
         "--output",
         out,
     ]
+    if args.profile:
+        # The expected versions travel as the profile's own uv.lock, in a folder named after it.
+        lock = Path(args.profile) / "uv.lock" if Path(args.profile).is_dir() else Path(args.profile)
+        inside = f"/tmp/mlstack-profile/{lock.resolve().parent.name}"
+        pct(["exec", vmid, "--", "mkdir", "-p", inside])
+        pct(["push", vmid, str(lock), f"{inside}/uv.lock"])
+        doctor += ["--profile", inside]
+    doctor += ["--purpose", args.purpose]
     if case.name == "pass" and args.pass_skip:
         doctor += ["--only", ",".join(doctor_probes(case.tier, args.pass_skip.split(",")))]
         case.result["skipped_probes"] = args.pass_skip
@@ -643,8 +644,6 @@ def evaluate(case: Case, host: Host, report: dict[str, Any] | None) -> None:
             )
             return
         fails = [(p["name"], p.get("code")) for p in report["probes"] if p["status"] == "fail"]
-        unexpected = [f for f in fails if f not in ACCEPTED]
-        accepted = [f"{n} {c}: {ACCEPTED[(n, c)]}" for n, c in fails if (n, c) in ACCEPTED]
         tt = pr.get("triton_target", {})
         fd = pr.get("fla_device", {})
         mf = pr.get("model_forward", {})
@@ -666,11 +665,9 @@ def evaluate(case: Case, host: Host, report: dict[str, Any] | None) -> None:
             f"model_forward {mf.get('status')}: {mf.get('summary', '')}"
         )
         detail += detail_skip
-        if accepted:
-            detail += "; accepted: " + "; ".join(accepted)
-        if unexpected:
-            detail += "; unexpected failures: " + ", ".join(f"{n} {c}" for n, c in unexpected)
-        verdict(not unexpected and all(musts.values()), "all probes pass (FLA #640 refusal accepted)", detail)
+        if fails:
+            detail += "; failed: " + ", ".join(f"{n} {c}" for n, c in fails)
+        verdict(not fails and all(musts.values()), "every probe passes (no failure accepted)", detail)
     elif case.name == "fault-node":
         code = "NVIDIA_UVM_MISSING" if case.dropped == "/dev/nvidia-uvm" else "NVIDIA_NODE_MISSING"
         cg = (res.get("cgroup_check") or {}).get(case.dropped or "")
@@ -734,6 +731,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="",
         help="probes left out of the pass case (doctor --only the rest), e.g. gdn_backward; reported",
     )
+    p.add_argument(
+        "--profile",
+        default="",
+        help="the stack profile the doctor checks versions against (a profiles/<name> folder or its "
+        "uv.lock; default: the doctor's built-in default)",
+    )
+    p.add_argument("--purpose", default="training", choices=("training", "inference"))
     p.add_argument(
         "--python", default=sys.executable, help="the interpreter the doctor tests (default: this one)"
     )

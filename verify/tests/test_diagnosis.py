@@ -74,6 +74,19 @@ def test_every_code_has_a_one_line_fix(code: str) -> None:
         model="27b",
         seq_len="2048",
         batch="1",
+        alternative="export TRITON_CACHE_DIR=/t; or ",
+        tmpdir="/t",
+        path="./triton",
+        mount="/c",
+        repo="Qwen/Qwen3.5-27B",
+        files="model-00001-of-00002.safetensors",
+        userspace="570.86.15",
+        nvml_driver="580.159.04",
+        dir="/usr/lib64",
+        stale="/opt/old",
+        good="",
+        suggest="GPU-8932f937",
+        here="0=GPU-8932f937",
     )
     assert (
         fix

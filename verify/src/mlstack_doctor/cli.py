@@ -22,6 +22,9 @@ exit codes:
   2  the doctor itself could not run (bad arguments, unreadable --profile, internal error)
 
 tiers:
+  fast    host (device nodes, driver through NVML, CUDA_VISIBLE_DEVICES), toolchain, Triton cache,
+          package versions and torch's triton pin from metadata: never imports torch, Triton, FLA or
+          transformers (about a second; monitoring)
   quick   host, toolchain, packages, torch CUDA, Triton target, FLA device/kernel, GDN backward,
           model config (no model is run)
   full    quick + a model forward on the GPU (random init from config, or real weights)

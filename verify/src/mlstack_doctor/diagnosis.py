@@ -44,18 +44,43 @@ CODES: dict[str, Code] = {
         "install the NVIDIA user-space driver libraries matching the host module {kernel_driver}",
     ),
     "LIBCUDA_NOT_FOUND": Code(
-        "libcuda.so.1 is not in the linker cache (ldconfig -p), so Triton cannot link its helper",
-        "ldconfig (after installing the driver libraries), "
-        "or export TRITON_LIBCUDA_PATH=<dir holding libcuda.so.1>",
+        "libcuda.so.1 is nowhere the loader or Triton looks, nor in the usual driver folders: the driver's "
+        "user-space libraries are missing or half-installed (libnvidia-ml without libcuda)",
+        "install the NVIDIA user-space driver libraries of version {kernel_driver}, libcuda.so.1 included "
+        "(the doctor found it in no folder it searched: evidence.libcuda_search)",
+    ),
+    "LIBCUDA_NOT_IN_LDCACHE": Code(
+        "libcuda.so.1 exists but is not in the linker cache (ldconfig -p): Triton and torch do not find it",
+        "echo {dir} > /etc/ld.so.conf.d/nvidia.conf && ldconfig",
+    ),
+    "LIBCUDA_SHADOWED": Code(
+        "LD_LIBRARY_PATH puts a libcuda.so.1 of another driver version ahead of the right one",
+        "remove {stale} from LD_LIBRARY_PATH{good}",
+    ),
+    "TRITON_LIBCUDA_PATH_WRONG": Code(
+        "TRITON_LIBCUDA_PATH (one folder to Triton) holds no libcuda.so.1; Triton then never asks ldconfig "
+        "and links only if the linker's default folders hold it",
+        "unset TRITON_LIBCUDA_PATH, or point it at a folder the doctor found holding libcuda.so.1",
+    ),
+    "KERNEL_MODULE_VERSION_UNKNOWN": Code(
+        "/proc/driver/nvidia/version cannot be read: the user-space driver is not compared with the kernel "
+        "module (a mismatch would surface only as CUDA errors)",
+        "compare NVML's {nvml_driver} with what cat /proc/driver/nvidia/version prints on the host; "
+        "a container must not mask /proc/driver/nvidia",
     ),
     "DRIVER_API_MISMATCH": Code(
         "the user-space driver libraries differ from the kernel module (NVRM: API mismatch)",
-        "install user-space driver libraries of exactly version {kernel_driver} (the host module's) "
-        "in this container",
+        "install user-space driver libraries of exactly version {kernel_driver} (the host module's; "
+        "these are {userspace}) in this container",
     ),
     "CUDA_HIDDEN": Code(
         "CUDA_VISIBLE_DEVICES is set but selects no GPU",
         "unset CUDA_VISIBLE_DEVICES (or export CUDA_VISIBLE_DEVICES=0)",
+    ),
+    "CUDA_VISIBLE_DEVICES_UNMATCHED": Code(
+        "a CUDA_VISIBLE_DEVICES entry matches no GPU (index, GPU- or MIG- UUID): CUDA stops there and hides "
+        "it and every entry after it",
+        "unset CUDA_VISIBLE_DEVICES, or export CUDA_VISIBLE_DEVICES={suggest} (GPUs here: {here})",
     ),
     # toolchain
     "NO_C_COMPILER": Code(
@@ -76,7 +101,29 @@ CODES: dict[str, Code] = {
     ),
     "TRITON_CACHE_UNWRITABLE": Code(
         "the Triton cache dir cannot be written: every kernel compile will fail",
-        "export TRITON_CACHE_DIR=$HOME/.cache/triton (or make {cache_dir} writable)",
+        "{alternative}make {cache_dir} writable",
+    ),
+    "TRITON_CACHE_NOEXEC": Code(
+        "the Triton cache dir is on a noexec mount: Triton dlopen()s the .so it builds there "
+        "('failed to map segment from shared object')",
+        "{alternative}remount {mount} without noexec (mount -o remount,exec {mount})",
+    ),
+    "TRITON_CACHE_FULL": Code(
+        "the filesystem of the Triton cache dir is full (ENOSPC): compiled kernels cannot be stored",
+        "{alternative}free space on the filesystem of {cache_dir} (df -h {cache_dir})",
+    ),
+    "TMPDIR_UNUSABLE": Code(
+        "$TMPDIR names a directory that is missing or unwritable: gcc and Triton's builds write there",
+        "{alternative}mkdir -p {tmpdir} with write permission",
+    ),
+    "PACKAGE_UNREADABLE": Code(
+        "an installed package's files cannot be read by this user (installed by root with umask 077): "
+        "its import fails, and a retried `import torch` then fails with unrelated errors",
+        "chmod -R a+rX {path} (as root; or reinstall with umask 022)",
+    ),
+    "PACKAGE_SHADOWED": Code(
+        "a folder or file of the same name (cwd, PYTHONPATH) is imported instead of the installed package",
+        "rename or move {path} (or remove its folder from PYTHONPATH / run from another directory)",
     ),
     # packages
     "PACKAGE_MISSING": Code(
@@ -85,7 +132,7 @@ CODES: dict[str, Code] = {
     ),
     "VERSION_OFF_PROFILE": Code(
         "installed versions differ from the profile",
-        "uv sync --frozen in the profile's project (or pip install {pins})",
+        "uv pip install --python {python} {pins} (the profile's versions of the packages that differ)",
     ),
     "TRITON_PIN_OVERRIDDEN": Code(
         "the installed triton is not the one torch pins, and the profile does not declare that override",
@@ -158,6 +205,14 @@ CODES: dict[str, Code] = {
         "re-download config.json of the model "
         "(huggingface-cli download <repo> config.json --local-dir {model_dir})",
     ),
+    "MODEL_WEIGHTS_INCOMPLETE": Code(
+        "weight shards named by model.safetensors.index.json are missing from the model folder",
+        "huggingface-cli download {repo} {files} --local-dir {model_dir}",
+    ),
+    "MODEL_WEIGHTS_CORRUPT": Code(
+        "a safetensors shard is truncated or damaged: its header promises more bytes than the file holds",
+        "huggingface-cli download {repo} {files} --local-dir {model_dir} --force-download",
+    ),
     "MODEL_TYPE_UNKNOWN": Code(
         "this transformers does not know the model type",
         "{python} -m pip install -U 'transformers>=5.2' (the profile's version)",
@@ -214,6 +269,7 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
     ("FLA_BACKWARD_NEEDS_TILELANG", re.compile(r"install tilelang|chunk_bwd_dqkwg \(see #640\)", re.I)),
     ("NO_PYTHON_H", re.compile(r"Python\.h: No such file")),
     ("NO_C_COMPILER", re.compile(r"Failed to find C compiler")),
+    ("TMPDIR_UNUSABLE", re.compile(r"[Cc]annot create temporary file")),
     ("DRIVER_API_MISMATCH", re.compile(r"API mismatch|driver/library version mismatch", re.I)),
     (
         "LIBCUDA_NOT_FOUND",

@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mlstack_doctor import runner
+from mlstack_doctor import runner, vetting
 from mlstack_doctor.context import Context
 from mlstack_doctor.probes import gpu, host, model, packages, toolchain, warm
 from mlstack_doctor.record import Result, Stage, Status, skipped
 
-TIERS = ("quick", "full", "stress", "warm")
-RANKED = ("quick", "full", "stress")  # each includes the one before; warm is its own list (WARM_TIER)
+TIERS = ("fast", "quick", "full", "stress", "warm")
+RANKED = ("quick", "full", "stress")  # each includes the one before; fast and warm are their own lists
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,12 @@ PROBES: tuple[Probe, ...] = (
     Probe("cuda_visible_devices", Stage.HOST, host.cuda_visible_devices, gpu=True),
     Probe("c_compiler", Stage.TOOLCHAIN, toolchain.c_compiler),
     Probe("python_headers", Stage.TOOLCHAIN, toolchain.python_headers),
+    Probe("tmpdir", Stage.TOOLCHAIN, toolchain.tmpdir),
     Probe(
-        "c_extension_build", Stage.TOOLCHAIN, toolchain.c_extension_build, ("c_compiler", "python_headers")
+        "c_extension_build",
+        Stage.TOOLCHAIN,
+        toolchain.c_extension_build,
+        ("c_compiler", "python_headers", "tmpdir"),
     ),
     Probe("triton_cache_dir", Stage.TOOLCHAIN, toolchain.triton_cache_dir),
     Probe("package_versions", Stage.PACKAGES, packages.package_versions),
@@ -156,6 +160,7 @@ WARM_TIER = (
     "cuda_visible_devices",
     "c_compiler",
     "python_headers",
+    "tmpdir",
     "c_extension_build",
     "triton_cache_dir",
     "package_versions",
@@ -166,9 +171,29 @@ WARM_TIER = (
 )
 
 
+# The fast tier: what can be proven without importing torch, Triton, FLA or transformers (the driver
+# through NVML's C library, versions and torch's triton pin from package metadata), in about a second:
+# for monitoring and a quick verify.yml. No session probe, no model_config (it imports transformers).
+FAST_TIER = (
+    "nvidia_device_nodes",
+    "nvidia_driver",
+    "cuda_visible_devices",
+    "c_compiler",
+    "python_headers",
+    "tmpdir",
+    "c_extension_build",
+    "triton_cache_dir",
+    "package_versions",
+    "torch_triton_pin",
+    "causal_conv1d",
+)
+
+LISTED = {"fast": FAST_TIER, "warm": WARM_TIER}
+
+
 def selected(tier: str) -> list[Probe]:
-    if tier == "warm":
-        return [p for p in PROBES if p.name in WARM_TIER]
+    if tier in LISTED:
+        return [p for p in PROBES if p.name in LISTED[tier]]
     rank = RANKED.index(tier)
     return [p for p in PROBES if p.min_tier in RANKED and RANKED.index(p.min_tier) <= rank]
 
@@ -267,6 +292,7 @@ def run(
                 start = time.monotonic()
                 result = probe.fn(ctx)
                 result.duration_s = time.monotonic() - start
+            result = vetting.vet(result, ctx.facts)  # no fix reaches the report unchecked
             ctx.results[probe.name] = result
             out.append(result)
             if done:
@@ -276,25 +302,43 @@ def run(
     return out
 
 
+def _cause(r: Result) -> dict[str, object]:
+    return {"probe": r.name, "stage": r.stage.value, "code": r.code, "fix": r.fix, "summary": r.summary}
+
+
+def independent_failures(results: list[Result]) -> list[Result]:
+    """The failures no failed prerequisite explains: each starts its own chain.
+
+    A failed probe is a root unless one of its prerequisites (Probe.requires, transitively) failed;
+    a prerequisite that was skipped passes its own root on.
+    """
+    by_name = {r.name: r for r in results}
+    table = {p.name: p for p in PROBES}
+
+    def explained(name: str, seen: set[str]) -> bool:
+        for dep in table[name].requires if name in table else ():
+            if dep in seen:
+                continue
+            seen.add(dep)
+            r = by_name.get(dep)
+            if r is not None and (r.status is Status.FAIL or (r.status is Status.SKIP and r.skipped_by)):
+                return True
+            if explained(dep, seen):
+                return True
+        return False
+
+    return [r for r in results if r.status is Status.FAIL and not explained(r.name, set())]
+
+
 def summarize(results: list[Result]) -> dict[str, object]:
     counts = {s: sum(1 for r in results if r.status is s) for s in Status}
     first = next((r for r in results if r.status is Status.FAIL), None)
-    root = (
-        {
-            "probe": first.name,
-            "stage": first.stage.value,
-            "code": first.code,
-            "fix": first.fix,
-            "summary": first.summary,
-        }
-        if first
-        else None
-    )
     return {
         "passed": counts[Status.PASS],
         "failed": counts[Status.FAIL],
         "warned": counts[Status.WARN],
         "skipped": counts[Status.SKIP],
         "ok": first is None,
-        "root_cause": root,
+        "root_cause": _cause(first) if first else None,
+        "root_causes": [_cause(r) for r in independent_failures(results)],
     }

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 import socket
 import sys
@@ -11,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from mlstack_doctor import SCHEMA_VERSION, __version__
+from mlstack_doctor import SCHEMA_VERSION, __version__, hostenv
 from mlstack_doctor.record import Result, Status
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "report.schema.json"
@@ -24,12 +23,7 @@ def now() -> str:
 
 
 def host_info() -> dict[str, Any]:
-    in_container = os.path.exists("/run/.containerenv") or os.path.exists("/.dockerenv")
-    try:
-        with open("/proc/1/environ", "rb") as f:
-            in_container = in_container or b"container=" in f.read()
-    except OSError:
-        pass
+    in_container, container_evidence = hostenv.container()
     return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
@@ -37,6 +31,7 @@ def host_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "in_container": in_container,
+        "container_evidence": container_evidence,
     }
 
 
@@ -96,7 +91,13 @@ def _verdict(summary: dict[str, Any], out: TextIO) -> None:
         f"{summary['warned']} warned, {summary['skipped']} skipped"
     )
     root = summary.get("root_cause")
-    if root:
+    roots = summary.get("root_causes") or ([root] if root else [])
+    if len(roots) > 1:  # failures that do not depend on each other: each with its own fix
+        out.write(f"\n{len(roots)} INDEPENDENT ROOT CAUSES:\n")
+        for i, r in enumerate(roots, 1):
+            out.write(f"{i}. {r['probe']} [{r['code']}] {r['summary']}\n   FIX: {r['fix']}\n")
+        out.write(f"{counts}\n")
+    elif root:
         out.write(
             f"\nROOT CAUSE: {root['probe']} [{root['code']}] {root['summary']}\n"
             f"FIX: {root['fix']}\n{counts}\n"

@@ -1,4 +1,9 @@
-"""Host stage: NVIDIA device nodes, driver versions (NVML, kernel module, libcuda), CUDA_VISIBLE_DEVICES."""
+"""Host stage: NVIDIA device nodes, driver versions (NVML, kernel module, libcuda), CUDA_VISIBLE_DEVICES.
+
+A node or a setting fails only when the job needs it: the MIG capability nodes only when MIG is in use,
+a /dev/nvidiaN only when CUDA_VISIBLE_DEVICES leaves that GPU visible. Where the doctor cannot know
+(NVML does not answer), it says so in a warn instead of guessing.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,9 @@ import glob
 import os
 import re
 import stat
+from dataclasses import asdict
 
-from mlstack_doctor import runner
+from mlstack_doctor import libcuda, runner, visible
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
 from mlstack_doctor.record import Result, Stage, failed, passed, warned
@@ -48,157 +54,213 @@ def _proc_majors() -> dict[str, int]:
     return majors
 
 
+def nvml(ctx: Context) -> runner.WorkerResult:
+    """NVML's answer, asked once per run (device_nodes may need it for MIG before nvidia_driver runs)."""
+    if "nvml_result" not in ctx.facts:
+        ctx.facts["nvml_result"] = runner.run_worker("w_nvml.py", {}, timeout=ctx.timeout(60))
+    return ctx.facts["nvml_result"]
+
+
+def _mig_in_use(ctx: Context) -> bool | None:
+    """MIG is in use when CUDA_VISIBLE_DEVICES names MIG devices or NVML has MIG on; None: NVML cannot say."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value and any(e.startswith("MIG-") for e in visible.entries(value)):
+        return True
+    answer = nvml(ctx)
+    if not answer.ok:
+        return None
+    return any(g.get("mig_mode") for g in answer.data.get("gpus") or [])
+
+
+def _unneeded(ctx: Context, denied: list[str], ev: dict[str, object]) -> tuple[list[str], str | None]:
+    """The denied nodes this job does not need (with why, in evidence), and a note when it cannot know."""
+    ignored: dict[str, str] = {}
+    note = None
+    caps = [p for p in denied if p.startswith("/dev/nvidia-caps/")]
+    if caps:
+        mig = _mig_in_use(ctx)
+        if mig is False:
+            ignored.update(dict.fromkeys(caps, "MIG capability node: only MIG needs it, and MIG is off"))
+        elif mig is None:
+            ignored.update(dict.fromkeys(caps, "MIG capability node: only MIG needs it"))
+            note = (
+                f"{', '.join(caps)} cannot be opened (only MIG needs them; NVML could not say if MIG is on)"
+            )
+    gpu_nodes = [p for p in denied if re.fullmatch(r"/dev/nvidia\d+", p)]
+    if gpu_nodes:
+        answer = nvml(ctx)
+        gpus = answer.data.get("gpus") if answer.ok else None
+        minors = visible.visible_minors(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus, dict(os.environ))
+        if minors is not None:
+            for p in gpu_nodes:
+                if int(p.removeprefix("/dev/nvidia")) not in minors:
+                    ignored[p] = "GPU not visible (CUDA_VISIBLE_DEVICES)"
+    if ignored:
+        ev["not_needed"] = ignored
+    return [p for p in denied if p not in ignored], note
+
+
+def _mig_note(denied: list[str]) -> str:
+    return (
+        " (MIG is in use: it needs the nvidia-caps nodes)"
+        if any("/nvidia-caps/" in p for p in denied)
+        else ""
+    )
+
+
 def device_nodes(ctx: Context) -> Result:
     name, stage = "nvidia_device_nodes", Stage.HOST
     paths = sorted(set(glob.glob("/dev/nvidia*") + glob.glob("/dev/nvidia-caps/*")))
     paths = [p for p in paths if not os.path.isdir(p)]
     nodes = [_node_state(p) for p in paths]
     gpus = [n for n in nodes if re.fullmatch(r"/dev/nvidia\d+", str(n["path"]))]
-    ev = {"nodes": nodes, "proc_devices_majors": _proc_majors()}
+    ev: dict[str, object] = {"nodes": nodes, "proc_devices_majors": _proc_majors()}
     ctx.facts["gpu_nodes"] = len(gpus)
     expect = ctx.opts.expect_gpu
     if not nodes:
         if not expect:
             return passed(name, stage, "no NVIDIA device nodes (none expected: --no-gpu)", **ev)
-        return failed(
-            name,
-            stage,
-            "no /dev/nvidia* device nodes",
-            "NVIDIA_NODE_MISSING",
-            fix_for("NVIDIA_NODE_MISSING"),
-            **ev,
-        )
-    verdict = warned if not expect else None
-    no_driver = [n["path"] for n in nodes if n.get("open") in ("ENXIO", "ENODEV")]
-    denied = [n["path"] for n in nodes if n.get("open") in ("EACCES", "EPERM")]
+        code = "NVIDIA_NODE_MISSING"
+        return failed(name, stage, "no /dev/nvidia* device nodes", code, fix_for(code), **ev)
+    uvm_missing = "/dev/nvidia-uvm" not in paths
+    ctx.facts["uvm_missing"] = uvm_missing  # torch_cuda names it the root cause if CUDA then fails
+    no_driver = [str(n["path"]) for n in nodes if n.get("open") in ("ENXIO", "ENODEV")]
+    denied = [str(n["path"]) for n in nodes if n.get("open") in ("EACCES", "EPERM")]
+    note = None
+    if denied and not no_driver:  # without a driver, NVML cannot answer: the driver is the fault
+        denied, note = _unneeded(ctx, denied, ev)
     missing = [p for p in REQUIRED_NODES if p not in paths] + ([] if gpus else ["/dev/nvidia[0-9]"])
     for code, bad, what in (
         ("NVIDIA_NO_DRIVER", no_driver, "present but no driver answers (ENXIO)"),
-        ("NVIDIA_NODE_PERMISSION", denied, "present but permission denied"),
+        ("NVIDIA_NODE_PERMISSION", denied, "present but permission denied" + _mig_note(denied)),
         ("NVIDIA_NODE_MISSING", missing, "missing"),
     ):
         if bad:
             summary = f"{', '.join(bad)}: {what}"
-            if verdict is not None:
+            if not expect:
                 return warned(name, stage, summary + " (no GPU expected)", code, fix_for(code), **ev)
             return failed(name, stage, summary, code, fix_for(code), **ev)
-    if "/dev/nvidia-uvm" not in paths:
-        # Only a warning here (a host's driver may create it on first use); torch_cuda names it the root
-        # cause if CUDA then fails (an H200 without it says only "CUDA unknown error").
-        ctx.facts["uvm_missing"] = True
-        return warned(
-            name,
-            stage,
-            f"{len(gpus)} GPU node(s) ok, /dev/nvidia-uvm missing",
-            "NVIDIA_UVM_MISSING",
-            fix_for("NVIDIA_UVM_MISSING"),
-            **ev,
-        )
-    return passed(name, stage, f"{len(gpus)} GPU node(s), nvidiactl and nvidia-uvm open fine", **ev)
+    if uvm_missing:
+        # Only a warning here (a host's driver may create it on first use); an H200 without it says only
+        # "CUDA unknown error", so torch_cuda names it.
+        summary = f"{len(gpus)} GPU node(s) ok, /dev/nvidia-uvm missing" + (f"; {note}" if note else "")
+        code = "NVIDIA_UVM_MISSING"
+        return warned(name, stage, summary, code, fix_for(code), **ev)
+    if note:
+        return warned(name, stage, note, None, None, **ev)
+    extra = (
+        f" ({len(ev['not_needed'])} node(s) this job does not need cannot be opened)"
+        if "not_needed" in ev
+        else ""
+    )
+    return passed(name, stage, f"{len(gpus)} GPU node(s), nvidiactl and nvidia-uvm open fine{extra}", **ev)
 
 
-def _kernel_module_version() -> tuple[str | None, str | None]:
+def _kernel_module_version() -> tuple[str | None, str | None, str | None]:
+    """(version, first line, why unreadable)."""
     try:
         with open(PROC_VERSION, encoding="utf-8") as f:
             text = f.read()
-    except OSError:
-        return None, None
+    except OSError as exc:
+        return None, None, f"{PROC_VERSION}: {exc.strerror or exc}"
     m = re.search(r"Kernel Module(?: for [\w-]+)?\s+([\d.]+)", text)
-    return (m.group(1) if m else None), text.splitlines()[0] if text else None
-
-
-def _libcuda() -> tuple[list[str], str | None, runner.RunResult]:
-    """libcuda.so.1 as Triton finds it: TRITON_LIBCUDA_PATH, else `ldconfig -p`."""
-    ldconfig = "/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else "ldconfig"
-    res = runner.run([ldconfig, "-p"], timeout=30)
-    override = os.environ.get("TRITON_LIBCUDA_PATH")
-    if override:
-        locs = (
-            [os.path.join(override, "libcuda.so.1")]
-            if os.path.exists(os.path.join(override, "libcuda.so.1"))
-            else []
-        )
-    else:
-        locs = [line.split()[-1] for line in res.stdout.splitlines() if "libcuda.so.1" in line]
-    version = None
-    for loc in locs:
-        m = re.search(r"libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$", os.path.realpath(loc))
-        if m:
-            version = m.group(1)
-            break
-    return locs, version, res
+    why = None if m else f"{PROC_VERSION} names no kernel module version"
+    return (m.group(1) if m else None), (text.splitlines()[0] if text else None), why
 
 
 def driver(ctx: Context) -> Result:
     name, stage = "nvidia_driver", Stage.HOST
-    kmod, kmod_line = _kernel_module_version()
-    nvml = runner.run_worker("w_nvml.py", {}, timeout=ctx.timeout(60))
-    locs, libcuda_ver, ld = _libcuda()
+    kmod, kmod_line, kmod_why = _kernel_module_version()
+    answer = nvml(ctx)
+    lib = libcuda.find(answer.data.get("library"))
     ev: dict[str, object] = {
         "kernel_module": kmod,
         "proc_version": kmod_line,
-        "nvml_driver": nvml.data.get("driver_version"),
-        "nvml_gpus": nvml.data.get("gpus"),
-        "libcuda": locs,
-        "libcuda_version": libcuda_ver,
-        "ldconfig_rc": ld.rc,
+        "nvml_driver": answer.data.get("driver_version"),
+        "nvml_library": answer.data.get("library"),
+        "nvml_gpus": answer.data.get("gpus"),
+        "libcuda": lib.ldconfig,
+        "libcuda_version": lib.version,
+        "libcuda_search": asdict(lib),
+        "ldconfig_rc": lib.ldconfig_rc,
     }
-    ctx.facts["nvml_count"] = nvml.data.get("count")
-    ctx.facts["nvml_gpus"] = nvml.data.get("gpus")
+    ctx.facts["nvml_count"] = answer.data.get("count") if answer.ok else None
+    ctx.facts["nvml_gpus"] = answer.data.get("gpus") if answer.ok else None
     ctx.facts["kernel_driver"] = kmod
-    if not nvml.ok:
-        ev.update(nvml.evidence())
-        code = classify(nvml.error_text, "NVML_UNAVAILABLE")
-        return failed(name, stage, f"NVML: {nvml.error_text}", code, fix_for(code, kernel_driver=kmod), **ev)
+    if not answer.ok:
+        ev.update(answer.evidence())
+        code = classify(answer.error_text, "NVML_UNAVAILABLE")
+        userspace = libcuda.userspace_version(answer.data.get("library"), lib)
+        fix = fix_for(code, kernel_driver=kmod or "<the host module's>", userspace=userspace)
+        return failed(name, stage, f"NVML: {answer.error_text}", code, fix, **ev)
+    problem = libcuda.verdict(lib, kmod)
+    if problem and problem.code == "LIBCUDA_SHADOWED":  # the stale copy's version is the mismatch below
+        return failed(name, stage, problem.summary, problem.code, problem.fix, **ev)
     versions = {
-        k: v for k, v in (("kernel", kmod), ("nvml", ev["nvml_driver"]), ("libcuda", libcuda_ver)) if v
+        k: v for k, v in (("kernel", kmod), ("nvml", ev["nvml_driver"]), ("libcuda", lib.version)) if v
     }
     if len(set(versions.values())) > 1:
-        return failed(
-            name,
-            stage,
-            "driver versions differ: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
-            "DRIVER_API_MISMATCH",
-            fix_for("DRIVER_API_MISMATCH", kernel_driver=kmod),
-            **ev,
+        other = (
+            sorted({v for k, v in versions.items() if v != kmod}) if kmod else sorted(set(versions.values()))
         )
-    if not locs:
-        return failed(
-            name,
-            stage,
-            "libcuda.so.1 not in the linker cache (ldconfig -p)",
-            "LIBCUDA_NOT_FOUND",
-            fix_for("LIBCUDA_NOT_FOUND"),
-            **ev,
+        fix = fix_for(
+            "DRIVER_API_MISMATCH", kernel_driver=kmod or "<the host module's>", userspace=", ".join(other)
         )
+        summary = "driver versions differ: " + ", ".join(f"{k} {v}" for k, v in versions.items())
+        return failed(name, stage, summary, "DRIVER_API_MISMATCH", fix, **ev)
+    if problem and problem.fatal:
+        return failed(name, stage, problem.summary, problem.code, problem.fix, **ev)
+    if kmod is None:
+        ev["kernel_module_unreadable"] = kmod_why
+        code = "KERNEL_MODULE_VERSION_UNKNOWN"
+        summary = (
+            f"driver {ev['nvml_driver']} (NVML); kernel module version unknown ({kmod_why}): not compared"
+        )
+        return warned(name, stage, summary, code, fix_for(code, nvml_driver=ev["nvml_driver"]), **ev)
+    if problem:
+        return warned(name, stage, problem.summary, problem.code, problem.fix, **ev)
     return passed(name, stage, f"driver {ev['nvml_driver']} (kernel module, NVML and libcuda agree)", **ev)
 
 
 def cuda_visible_devices(ctx: Context) -> Result:
     name, stage = "cuda_visible_devices", Stage.HOST
     value = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ev = {"CUDA_VISIBLE_DEVICES": value}
+    ev: dict[str, object] = {"CUDA_VISIBLE_DEVICES": value}
     if value is None:
         return passed(name, stage, "unset: all GPUs visible", **ev)
-    items = [x.strip() for x in value.split(",") if x.strip()]
-    count = ctx.facts.get("nvml_count")
-    hidden = not items or items[0] in ("-1", "NoDevFiles", "void", "none")
-    if not hidden and count is not None and all(x.isdigit() for x in items):
-        # CUDA stops at the first invalid index
-        valid = []
-        for x in items:
-            if int(x) >= count:
-                break
-            valid.append(x)
-        hidden = not valid
-        ev["valid"] = valid
-    if hidden:
+    if visible.hides_all(value):
+        code = "CUDA_HIDDEN"
         return failed(
-            name,
-            stage,
-            f"CUDA_VISIBLE_DEVICES={value!r} hides every GPU",
-            "CUDA_HIDDEN",
-            fix_for("CUDA_HIDDEN"),
-            **ev,
+            name, stage, f"CUDA_VISIBLE_DEVICES={value!r} hides every GPU", code, fix_for(code), **ev
         )
-    return passed(name, stage, f"CUDA_VISIBLE_DEVICES={value}", **ev)
+    gpus, count = ctx.facts.get("nvml_gpus"), ctx.facts.get("nvml_count")
+    sel = visible.select(value, gpus, count)
+    ev.update(matched=sel.matched, unmatched=sel.unmatched, hidden_after=sel.hidden_after)
+    ev["valid"] = [m["entry"] for m in sel.matched]
+    if sel.unmatched is not None:
+        summary = f"entry {sel.unmatched!r} {sel.why}: CUDA stops there"
+        summary += f", hiding {', '.join(sel.hidden_after)} too" if sel.hidden_after else ""
+        summary += f"; {len(sel.matched)} GPU(s) stay visible" if sel.matched else "; no GPU is visible"
+        real = [g for g in gpus or [] if g.get("uuid")]
+        if sel.matched:
+            suggest = ",".join(m["entry"] for m in sel.matched)
+        elif real:
+            suggest = real[0]["uuid"]
+        else:
+            suggest = "0"
+        here = (
+            ", ".join(f"{g['index']}={g['uuid']}" for g in real)
+            or f"{count} GPU(s), indices 0-{(count or 1) - 1}"
+        )
+        code = "CUDA_VISIBLE_DEVICES_UNMATCHED"
+        fix = fix_for(code, suggest=suggest, here=here)
+        if sel.matched:
+            return warned(name, stage, summary, code, fix, **ev)
+        return failed(name, stage, summary, code, fix, **ev)
+    if sel.unchecked:
+        summary = (
+            f"CUDA_VISIBLE_DEVICES={value}: {', '.join(sel.unchecked)} could not be checked "
+            "(NVML did not answer, so the GPU UUIDs here are unknown)"
+        )
+        return warned(name, stage, summary, None, None, **ev)
+    return passed(name, stage, f"CUDA_VISIBLE_DEVICES={value}: {len(sel.matched)} GPU(s) matched", **ev)

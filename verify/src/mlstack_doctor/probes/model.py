@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -12,7 +13,7 @@ from mlstack_doctor import runner, warm
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
 from mlstack_doctor.peaks import bf16_peak
-from mlstack_doctor.probes import gpu
+from mlstack_doctor.probes import gpu, packages
 from mlstack_doctor.probes import warm as warm_probe
 from mlstack_doctor.probes.gpu import _fail
 from mlstack_doctor.probes.packages import installed
@@ -52,6 +53,81 @@ def _check_index(weights_dir: str) -> list[str]:
     return sorted(s for s in shards if not (Path(weights_dir) / s).is_file())
 
 
+def check_safetensors(path: Path) -> str | None:
+    """Why a .safetensors file is damaged, from its header alone (no torch): None when whole.
+
+    Layout: 8-byte little-endian header length, a JSON header whose tensors give data_offsets
+    [begin, end) into the bytes that follow it. A download cut short leaves a file shorter than that.
+    """
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{size} bytes: shorter than the 8-byte header length"
+            n = int.from_bytes(head, "little")
+            if n > size - 8:
+                return f"header says {n} bytes of JSON, the file has {size - 8} after the length"
+            header = json.loads(f.read(n))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"header unreadable: {type(exc).__name__}: {exc}"
+    if not isinstance(header, dict):
+        return "header is not a JSON object"
+    ends = [
+        t["data_offsets"][1]
+        for k, t in header.items()
+        if k != "__metadata__" and isinstance(t, dict) and isinstance(t.get("data_offsets"), list)
+    ]
+    need = 8 + n + max(ends, default=0)
+    if need > size:
+        return f"truncated: tensors end at byte {need}, the file has {size}"
+    return None
+
+
+def _repo_id(model_dir: str, raw: dict[str, Any]) -> str | None:
+    """The Hugging Face repo the folder came from, when config.json or README.md names it."""
+    name = raw.get("_name_or_path")
+    if isinstance(name, str) and re.fullmatch(r"[\w.-]+/[\w.-]+", name):
+        return name
+    try:
+        readme = (Path(model_dir) / "README.md").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    m = re.search(
+        r"(?:huggingface-cli download|hf download|from_pretrained\(\s*[\"'])\s*([\w.-]+/[\w.-]+)", readme
+    )
+    return m.group(1) if m else None
+
+
+def _weights_result(ctx: Context, weights_dir: str, raw: dict[str, Any], ev: dict[str, Any]) -> Result | None:
+    """MODEL_WEIGHTS_INCOMPLETE (shards the index names are absent) or MODEL_WEIGHTS_CORRUPT (truncated)."""
+    name, stage = "model_config", Stage.MODEL
+    lost = _check_index(weights_dir)
+    damaged = {
+        p.name: why for p in sorted(Path(weights_dir).glob("*.safetensors")) if (why := check_safetensors(p))
+    }
+    if not lost and not damaged:
+        return None
+    repo = _repo_id(weights_dir, raw)
+    ev["repo"] = repo
+    files = " ".join([*lost, *damaged])
+    fill = {"repo": repo or "<repo>", "files": files, "model_dir": weights_dir}
+    if lost:
+        ev["missing_shards"] = lost
+        if damaged:
+            ev["damaged_shards"] = damaged
+        code = "MODEL_WEIGHTS_INCOMPLETE"
+        summary = f"weights incomplete: {len(lost)} shard(s) the index names are missing: {', '.join(lost)}"
+    else:
+        ev["damaged_shards"] = damaged
+        code = "MODEL_WEIGHTS_CORRUPT"
+        summary = "damaged weights: " + "; ".join(f"{f}: {why}" for f, why in damaged.items())
+    fix = fix_for(code, **fill)
+    if repo is None:
+        fix += "  (<repo>: the model's Hugging Face repo id; neither config.json nor README.md names it)"
+    return failed(name, stage, summary, code, fix, **ev)
+
+
 def model_config(ctx: Context) -> Result:
     name, stage = "model_config", Stage.MODEL
     spec = ctx.opts.model or "tiny"
@@ -78,17 +154,9 @@ def model_config(ctx: Context) -> Result:
         ev["missing_fields"] = absent
         return corrupt(f"{cfg_path} lacks {', '.join(absent)}")
     if where.get("weights_dir"):
-        lost = _check_index(where["weights_dir"])
-        if lost:
-            ev["missing_shards"] = lost
-            return failed(
-                name,
-                stage,
-                f"weights incomplete: {len(lost)} shard(s) missing",
-                "MODEL_CONFIG_CORRUPT",
-                fix_for("MODEL_CONFIG_CORRUPT", model_dir=where["weights_dir"]),
-                **ev,
-            )
+        bad = _weights_result(ctx, where["weights_dir"], raw, ev)
+        if bad is not None:
+            return bad
     ctx.facts["model"] = where
     if installed("transformers") is None:
         return warned(
@@ -100,9 +168,19 @@ def model_config(ctx: Context) -> Result:
             **ev,
         )
     # In the GPU session when it is already running (its imports are paid once), else in its own worker.
-    res = gpu.call(
-        ctx, name, "model_config", {"config": cfg_path}, timeout=ctx.timeout(300), only_if_started=True
-    )
+    # Not in a session whose imports failed: importing torch again after a failed `import torch` re-runs
+    # torch/__init__.py over live C++ state and raises nonsense (e.g. "module functions cannot set
+    # METH_CLASS or METH_STATIC"); a fresh process raises the first, real error.
+    s = ctx.session
+    import_errors = (s.imports.get("import_errors") or {}) if s is not None and s.started else {}
+    if import_errors:
+        ev["session_import_errors"] = import_errors
+        script, extra = gpu.OPS["model_config"]
+        res = runner.run_worker(script, {"config": cfg_path, **extra}, timeout=ctx.timeout(300))
+    else:
+        res = gpu.call(
+            ctx, name, "model_config", {"config": cfg_path}, timeout=ctx.timeout(300), only_if_started=True
+        )
     data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback", "id")}
     if not res.ok:
         # The JSON parsed with every field, so an answered error is about building the model from it,
@@ -112,11 +190,21 @@ def model_config(ctx: Context) -> Result:
             code = "MODEL_TYPE_UNKNOWN"
         ev.update(data)
         ev.update(res.evidence())
-        fix = fix_for(code, python=ctx.python, model_dir=str(Path(cfg_path).parent))
+        unreadable = packages.unreadable_file(res.error_text + (res.data.get("traceback") or ""))
+        if unreadable:
+            code = "PACKAGE_UNREADABLE"
+            ev["unreadable"] = unreadable
+        fix = fix_for(
+            code, python=ctx.python, model_dir=str(Path(cfg_path).parent), path=unreadable or "<path>"
+        )
         return failed(
             name,
             stage,
-            f"transformers rejects {raw['model_type']}: {res.error_text.strip()[-300:]}",
+            (
+                f"cannot import the stack: {res.error_text.strip()[:300]}"
+                if code == "PACKAGE_UNREADABLE"
+                else f"transformers rejects {raw['model_type']}: {res.error_text.strip()[-300:]}"
+            ),
             code,
             fix,
             **ev,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import importlib.util
+import re
+from pathlib import Path
 
 from mlstack_doctor import profile as prof
 from mlstack_doctor.context import Context
@@ -18,12 +20,65 @@ def installed(dist: str) -> str | None:
         return None
 
 
+# What each stack distribution is imported as.
+IMPORT_NAMES = {
+    "torch": "torch",
+    "triton": "triton",
+    "fla-core": "fla",
+    "transformers": "transformers",
+    "causal-conv1d": "causal_conv1d",
+}
+
+
+def shadowed(dists: dict[str, str | None]) -> dict[str, dict[str, str]]:
+    """Installed distributions whose import name resolves to something else: a ./triton/ or fla.py in
+    the working directory or on PYTHONPATH comes first on sys.path and wins over site-packages."""
+    out: dict[str, dict[str, str]] = {}
+    for dist, module in IMPORT_NAMES.items():
+        if not dists.get(dist) and installed(dist) is None:
+            continue
+        try:
+            spec = importlib.util.find_spec(module)
+            home = Path(str(md.distribution(dist).locate_file(""))).resolve()
+        except (ImportError, ValueError, md.PackageNotFoundError):
+            continue
+        where = spec.origin if spec and spec.origin else None
+        if where is None and spec and spec.submodule_search_locations:
+            where = next(iter(spec.submodule_search_locations))
+        if where is None:
+            continue
+        path = Path(where).resolve()
+        if home not in path.parents:
+            wins = str(path.parent if path.name in ("__init__.py",) else path)
+            out[dist] = {"module": module, "imported_from": wins, "installed_in": str(home)}
+    return out
+
+
+def unreadable_file(text: str) -> str | None:
+    """The package folder holding a file an import could not read ("[Errno 13] Permission denied:
+    '.../site-packages/torch/...'"): a package installed by root with umask 077 imports for root only."""
+    m = re.search(r"Permission denied: '([^']*(?:site|dist)-packages/)([^'/]*)", text)
+    return m.group(1) + m.group(2) if m else None
+
+
 def package_versions(ctx: Context) -> Result:
     name, stage = "package_versions", Stage.PACKAGES
     profile = ctx.opts.profile or prof.load("default")
     found = {d: installed(d) for d in prof.STACK}
     ctx.facts["installed"] = found
     ev: dict[str, object] = {"profile": profile.to_json(), "installed": found}
+    shadow = shadowed(found)
+    if shadow:
+        ev["shadowed"] = shadow
+        dist, s = next(iter(shadow.items()))
+        return failed(
+            name,
+            stage,
+            f"import {s['module']} loads {s['imported_from']}, not {dist} installed in {s['installed_in']}",
+            "PACKAGE_SHADOWED",
+            fix_for("PACKAGE_SHADOWED", path=s["imported_from"]),
+            **ev,
+        )
     missing = [d for d, spec in profile.expect.items() if found.get(d) is None]
     off = {
         d: (found[d], spec)
@@ -34,7 +89,6 @@ def package_versions(ctx: Context) -> Result:
         missing,
         {d: {"installed": i, "expected": e} for d, (i, e) in off.items()},
     )
-    pins = " ".join(f"'{d}=={s}'" for d, s in profile.expect.items())
     if missing:
         spec = profile.expect[missing[0]]
         return failed(
@@ -47,10 +101,10 @@ def package_versions(ctx: Context) -> Result:
         )
     if off:
         summary = "; ".join(f"{d} {i} != {e}" for d, (i, e) in off.items())
-        if profile.source.endswith("uv.lock"):
-            fix = f"cd {profile.source.rsplit('/', 1)[0]} && uv sync --frozen"
-        else:
-            fix = fix_for("VERSION_OFF_PROFILE", pins=pins)
+        wanted = " ".join(f"'{d}=={e}'" for d, (_, e) in off.items())
+        fix = fix_for("VERSION_OFF_PROFILE", python=ctx.python, pins=wanted)
+        if profile.source.endswith("uv.lock"):  # the lock is the whole truth: sync puts every package back
+            fix += f" (or the whole lock: cd {profile.source.rsplit('/', 1)[0]} && uv sync --frozen)"
         return failed(name, stage, f"off profile {profile.name}: {summary}", "VERSION_OFF_PROFILE", fix, **ev)
     listed = ", ".join(f"{d} {found[d]}" for d in profile.expect)
     return passed(name, stage, f"{listed} match profile {profile.name}", **ev)

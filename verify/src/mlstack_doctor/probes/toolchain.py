@@ -7,23 +7,30 @@ TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache, else ~/.triton/cache.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import re
 import shutil
 import sys
 import sysconfig
 import tempfile
 from pathlib import Path
 
-from mlstack_doctor import runner
+from mlstack_doctor import runner, vetting
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
-from mlstack_doctor.record import Result, Stage, failed, passed
+from mlstack_doctor.record import Result, Stage, failed, passed, warned
 
 PROBE_C = """#define PY_SSIZE_T_CLEAN
 #include <Python.h>
 static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "mlstack_doctor_probe", NULL, -1, NULL};
 PyMODINIT_FUNC PyInit_mlstack_doctor_probe(void) { return PyModule_Create(&mod); }
 """
+
+
+# gcc/clang when binutils' assembler is missing (gcc: "cannot execute 'as'", quotes localised)
+NO_ASSEMBLER = re.compile(r"cannot execute .as.|error trying to exec 'as'|execvp: as\b")
 
 
 def find_compiler() -> tuple[str | None, str]:
@@ -143,6 +150,9 @@ def c_extension_build(ctx: Context) -> Result:
             code = classify(build.stderr + build.stdout, "C_COMPILER_BROKEN", compiler_env=True)
             if code == "NO_PYTHON_H":
                 fix = _headers_fix(include_dir, sys.base_prefix, ctx.py_ver)
+            elif code == "C_COMPILER_BROKEN" and NO_ASSEMBLER.search(build.stderr + build.stdout):
+                ev["missing_tool"] = "as"
+                fix = "apt-get install -y binutils  # gcc found no assembler ('as')"
             else:
                 fix = fix_for(code)
             return failed(
@@ -177,31 +187,155 @@ def triton_cache_path() -> tuple[str, str]:
     ) else "default"
 
 
+PROBE_BYTES = 1 << 20  # a compiled kernel's .so/.cubin is up to ~1 MiB: a smaller disk fills at once
+LOW_SPACE = 256 << 20
+
+
+def try_dir(
+    facts: dict[str, object], path: str, create: bool = True, keep: bool = False
+) -> tuple[str | None, str | None]:
+    """(code, why) of a folder Triton would write and dlopen from: (None, None) when usable.
+
+    Writes PROBE_BYTES to a temp name and renames it (as Triton does), then reads the mount flags:
+    a .so on a noexec mount cannot be mapped. The verdict goes to facts["paths"] for vetting. A folder
+    it had to create is removed again unless `keep` (the cache dir itself, which Triton creates too).
+    """
+    made = not os.path.isdir(path)
+    try:
+        if made and not create:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        os.makedirs(path, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".mlstack-doctor-", dir=path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(b"x" * PROBE_BYTES)
+            final = tmp + ".done"
+            os.replace(tmp, final)
+            os.unlink(final)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        flags = os.statvfs(path).f_flag
+    except OSError as exc:
+        code = "TRITON_CACHE_FULL" if exc.errno == errno.ENOSPC else "TRITON_CACHE_UNWRITABLE"
+        why = f"{type(exc).__name__}: {exc.strerror or exc}"
+        vetting.note_path(facts, path, why)
+        return code, why
+    finally:
+        if made and create and not keep:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)  # only when empty: the doctor leaves no folder it made behind
+    if flags & os.ST_NOEXEC:
+        why = "on a noexec mount: a .so there cannot be loaded"
+        vetting.note_path(facts, path, why)
+        return "TRITON_CACHE_NOEXEC", why
+    vetting.note_path(facts, path, None)
+    return None, None
+
+
+def mount_point(path: str) -> str:
+    p = os.path.abspath(path)
+    while not os.path.ismount(p) and p != "/":
+        p = os.path.dirname(p)
+    return p
+
+
+def _candidates(failing: str) -> list[str]:
+    """Folders a Triton cache could move to, most conventional first."""
+    user = os.environ.get("USER") or str(os.getuid())
+    out = []
+    if os.environ.get("XDG_CACHE_HOME"):
+        out.append(os.path.join(os.environ["XDG_CACHE_HOME"], "triton"))
+    out.append(os.path.expanduser("~/.cache/triton"))
+    out.append(f"/var/tmp/triton-cache-{user}")
+    # Not tempfile.gettempdir(): it falls back to the working directory, no place for a cache.
+    for tmp in (os.environ.get("TMPDIR"), "/tmp"):
+        if tmp:
+            out.append(os.path.join(tmp, f"triton-cache-{user}"))
+    seen: list[str] = []
+    for c in out:
+        c = os.path.abspath(c)
+        if c != os.path.abspath(failing) and c not in seen:
+            seen.append(c)
+    return seen
+
+
+def alternative(ctx: Context, var: str, failing: str, candidates: list[str]) -> tuple[str, list[str]]:
+    """('export VAR=<a folder the doctor wrote to>; or ', tried) or, when none works, a sentence saying so."""
+    tried = []
+    for c in candidates:
+        existed = os.path.isdir(c)
+        code, why = try_dir(ctx.facts, c)
+        tried.append(f"{c} ({why or 'usable'})")
+        if code is None:
+            mkdir = "" if existed else f"mkdir -p {c} && "
+            return f"{mkdir}export {var}={c} (the doctor wrote there); or ", tried
+    return f"no usable folder found for {var} (tried {', '.join(tried)}); ", tried
+
+
 def triton_cache_dir(ctx: Context) -> Result:
     name, stage = "triton_cache_dir", Stage.TOOLCHAIN
     path, source = triton_cache_path()
     ev: dict[str, object] = {"cache_dir": path, "source": source}
     ctx.facts["triton_cache_dir"] = path
-    try:
-        os.makedirs(path, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".mlstack-doctor-", dir=path)
-        with os.fdopen(fd, "wb") as f:
-            f.write(b"x" * 4096)
-        final = tmp + ".done"
-        os.replace(tmp, final)  # Triton writes kernels to a temp name and renames
-        os.unlink(final)
-    except OSError as exc:
-        ev["error"] = f"{type(exc).__name__}: {exc}"
+    code, why = try_dir(ctx.facts, path, keep=True)
+    if code is not None:
+        ev["error"] = why
+        alt, tried = alternative(ctx, "TRITON_CACHE_DIR", path, _candidates(path))
+        ev["alternatives_tried"] = tried
+        what = {
+            "TRITON_CACHE_UNWRITABLE": "cannot write",
+            "TRITON_CACHE_NOEXEC": "cannot load kernels from",
+            "TRITON_CACHE_FULL": "no space left in",
+        }[code]
         return failed(
             name,
             stage,
-            f"cannot write {path}: {exc.strerror or exc}",
-            "TRITON_CACHE_UNWRITABLE",
-            fix_for("TRITON_CACHE_UNWRITABLE", cache_dir=path),
+            f"{what} {path} ({source}): {why}",
+            code,
+            fix_for(code, cache_dir=path, alternative=alt, mount=mount_point(path)),
             **ev,
         )
     entries = os.listdir(path)
     ev["entries"] = len(entries)
     ctx.facts["triton_cache_entries"] = len(entries)
+    free = os.statvfs(path)
+    ev["free_bytes"] = free.f_bavail * free.f_frsize
     state = "warm" if entries else "cold (empty)"
+    if ev["free_bytes"] < LOW_SPACE:
+        alt, tried = alternative(ctx, "TRITON_CACHE_DIR", path, _candidates(path))
+        ev["alternatives_tried"] = tried
+        return warned(
+            name,
+            stage,
+            f"{path} writable but only {ev['free_bytes'] >> 20} MiB free: a full cache fails kernel compiles",
+            "TRITON_CACHE_FULL",
+            fix_for("TRITON_CACHE_FULL", cache_dir=path, alternative=alt),
+            **ev,
+        )
     return passed(name, stage, f"{path} writable, {state}: {len(entries)} entries", **ev)
+
+
+def tmpdir(ctx: Context) -> Result:
+    """$TMPDIR as gcc, Python's tempfile and Triton's builds use it (they fail when it is unusable)."""
+    name, stage = "tmpdir", Stage.TOOLCHAIN
+    value = os.environ.get("TMPDIR")
+    ev: dict[str, object] = {"TMPDIR": value}
+    if not value:
+        return passed(name, stage, "TMPDIR unset: /tmp is used", **ev)
+    code, why = try_dir(ctx.facts, value, create=False)
+    if code in (None, "TRITON_CACHE_NOEXEC"):  # builds only write there; the .so is loaded from the cache
+        return passed(name, stage, f"TMPDIR={value} is writable", **ev)
+    ev["error"] = why
+    cands = [c for c in ("/var/tmp", "/tmp") if os.path.abspath(c) != os.path.abspath(value)]
+    alt, tried = alternative(ctx, "TMPDIR", value, cands)
+    ev["alternatives_tried"] = tried
+    return failed(
+        name,
+        stage,
+        f"TMPDIR={value} is unusable ({why}): gcc and Triton's builds write their temporary files there",
+        "TMPDIR_UNUSABLE",
+        fix_for("TMPDIR_UNUSABLE", tmpdir=value, alternative=alt),
+        **ev,
+    )

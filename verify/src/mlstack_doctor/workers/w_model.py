@@ -27,7 +27,7 @@ import time
 import traceback
 from typing import Any
 
-from _common import error_text, main, progress
+from _common import STATE, error_text, main, progress
 
 
 def _config(args: dict[str, Any]) -> Any:
@@ -56,6 +56,15 @@ def _text_cfg(cfg: Any) -> Any:
 
 
 def check_config(args: dict[str, Any]) -> dict[str, Any]:
+    # A second `import torch` after one that failed half-way re-runs torch/__init__.py over the live
+    # C++ state and fails with nonsense ("module functions cannot set METH_CLASS or METH_STATIC"):
+    # report the first failure, which names the cause.
+    earlier = {m: e for m, e in STATE.get("import_errors", {}).items() if m in ("torch", "transformers")}
+    if earlier:
+        raise ImportError(
+            "; ".join(f"import {m} failed earlier in this process: {e}" for m, e in earlier.items())
+            + " (not retried: a package that failed half-way cannot be imported again)"
+        )
     transformers, cfg = _config(args)
     text = _text_cfg(cfg)
     out: dict[str, Any] = {

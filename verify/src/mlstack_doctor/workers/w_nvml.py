@@ -1,4 +1,6 @@
-"""NVML through ctypes (no pynvml needed): driver version, GPU count, names, memory, compute capability."""
+"""NVML through ctypes (no pynvml needed): driver version, GPU count, and per GPU its index, name, UUID,
+device-node minor, memory, compute capability, MIG mode and MIG device UUIDs (what CUDA_VISIBLE_DEVICES
+entries are matched against)."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
             "error": f"nvmlInit_v2 failed: {NVML_ERRORS.get(rc, rc)}",
             "nvml_rc": rc,
             "stage": "init",
+            "library": _loaded_path(),  # its name carries the user-space version: a mismatch's other half
         }
     buf = ctypes.create_string_buffer(96)
     lib.nvmlSystemGetDriverVersion(buf, 96)
@@ -43,25 +46,71 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
     gpus = []
     for i in range(count.value):
         handle = ctypes.c_void_p()
-        if lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0:
+        rc = lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle))
+        if rc != 0:  # e.g. NO_PERMISSION on a node this user cannot open: say so, never drop it silently
+            gpus.append({"index": i, "error": NVML_ERRORS.get(rc, str(rc))})
             continue
-        name = ctypes.create_string_buffer(96)
-        lib.nvmlDeviceGetName(handle, name, 96)
-        mem = _Memory()
-        lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem))
-        major, minor = ctypes.c_int(0), ctypes.c_int(0)
-        get_cc = getattr(lib, "nvmlDeviceGetCudaComputeCapability", None)  # absent from very old drivers
-        cc_rc = get_cc(handle, ctypes.byref(major), ctypes.byref(minor)) if get_cc else -1
-        gpus.append(
-            {
-                "index": i,
-                "name": name.value.decode(),
-                "memory_total_gib": round(mem.total / 2**30, 1),
-                "compute_capability": f"{major.value}.{minor.value}" if cc_rc == 0 else None,
-            }
-        )
+        gpus.append(_gpu(lib, i, handle))
     lib.nvmlShutdown()
-    return {"driver_version": buf.value.decode(), "count": count.value, "gpus": gpus}
+    return {
+        "driver_version": buf.value.decode(),
+        "count": count.value,
+        "gpus": gpus,
+        "library": _loaded_path(),
+    }
+
+
+def _text(fn: Any, handle: ctypes.c_void_p) -> str | None:
+    buf = ctypes.create_string_buffer(96)
+    return buf.value.decode() if fn(handle, buf, 96) == 0 else None
+
+
+def _gpu(lib: ctypes.CDLL, i: int, handle: ctypes.c_void_p) -> dict[str, Any]:
+    mem = _Memory()
+    lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem))
+    major, minor = ctypes.c_int(0), ctypes.c_int(0)
+    get_cc = getattr(lib, "nvmlDeviceGetCudaComputeCapability", None)  # absent from very old drivers
+    cc_rc = get_cc(handle, ctypes.byref(major), ctypes.byref(minor)) if get_cc else -1
+    node_minor = ctypes.c_uint(0)
+    has_minor = lib.nvmlDeviceGetMinorNumber(handle, ctypes.byref(node_minor)) == 0
+    gpu: dict[str, Any] = {
+        "index": i,
+        "name": _text(lib.nvmlDeviceGetName, handle),
+        "uuid": _text(lib.nvmlDeviceGetUUID, handle),
+        "minor": node_minor.value if has_minor else None,  # /dev/nvidia<minor>
+        "memory_total_gib": round(mem.total / 2**30, 1),
+        "compute_capability": f"{major.value}.{minor.value}" if cc_rc == 0 else None,
+    }
+    gpu.update(_mig(lib, handle))
+    return gpu
+
+
+def _mig(lib: ctypes.CDLL, handle: ctypes.c_void_p) -> dict[str, Any]:
+    """MIG mode (None where the GPU has none: NOT_SUPPORTED) and the UUIDs of its MIG devices."""
+    current, pending = ctypes.c_uint(0), ctypes.c_uint(0)
+    get_mode = getattr(lib, "nvmlDeviceGetMigMode", None)
+    if get_mode is None or get_mode(handle, ctypes.byref(current), ctypes.byref(pending)) != 0:
+        return {"mig_mode": None, "mig_devices": []}
+    uuids = []
+    most = ctypes.c_uint(0)
+    if current.value == 1 and lib.nvmlDeviceGetMaxMigDeviceCount(handle, ctypes.byref(most)) == 0:
+        for j in range(most.value):
+            mig = ctypes.c_void_p()
+            if lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, j, ctypes.byref(mig)) == 0:
+                uuids.append(_text(lib.nvmlDeviceGetUUID, mig))
+    return {"mig_mode": bool(current.value), "mig_devices": [u for u in uuids if u]}
+
+
+def _loaded_path() -> str | None:
+    """The libnvidia-ml.so.1 this process loaded (its folder is where libcuda.so.1 belongs too)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            for line in f:
+                if "libnvidia-ml.so" in line:
+                    return line.split()[-1]
+    except OSError:
+        pass
+    return None
 
 
 if __name__ == "__main__":

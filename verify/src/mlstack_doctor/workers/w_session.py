@@ -38,6 +38,7 @@ def imports(args: dict[str, Any]) -> dict[str, Any]:
         except BaseException as exc:  # ImportError, or whatever the stack raises at import
             errors[mod] = error_text(exc)
         seconds[mod] = round(time.perf_counter() - t0, 2)
+    STATE["import_errors"] = errors  # later checks must not retry them (w_model.check_config)
     return {"imports_s": seconds, "import_errors": errors, "total_s": round(sum(seconds.values()), 2)}
 
 

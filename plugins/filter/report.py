@@ -19,6 +19,27 @@ def stage_verdicts(probes: list[dict[str, Any]]) -> dict[str, str]:
     return verdicts
 
 
+def fleet_stack(container: dict[str, Any], choice: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A container's effective stack for the report: profile, extras, purpose, and for the profile and
+    the extras whether the inventory named them or the stack policy chose them."""
+    explicit = (choice or {}).get("explicit") or {}
+    return {
+        "profile": container.get("profile") or "",
+        "extras": list(container.get("extras") or []),
+        "purpose": container.get("purpose") or "training",
+        "profile_from": "inventory" if explicit.get("profile", choice is None) else "policy",
+        "extras_from": "inventory" if explicit.get("extras", choice is None) else "policy",
+    }
+
+
+def stack_cell(stack: dict[str, Any], key: str) -> str:
+    """One markdown cell: `torch211-triton37-fla06 (policy)`, `tilelang (policy)`, `none (inventory)`."""
+    value = stack.get(key)
+    text = (", ".join(value) or "none") if isinstance(value, list) else str(value or "-")
+    source = stack.get(f"{key}_from")
+    return f"{text} ({source})" if source else text
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"stage_verdicts": stage_verdicts}
+        return {"stage_verdicts": stage_verdicts, "fleet_stack": fleet_stack, "stack_cell": stack_cell}

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from . import daemons, gpu, host_setup, paths, realct, rootfs, sshd
+from . import daemons, gpu, host_setup, nvsmi, paths, realct, rootfs, sshd
 from .proc import say
 
 API_MARKER = "mlstack_testbed.api"
@@ -123,6 +123,7 @@ def write_testbed_json(gpu_nodes: list[str]) -> dict[str, Any]:
         "bridge": paths.BRIDGE,
         "host_bridge": paths.HOST_BRIDGE,
         "gpu_nodes": gpu_nodes,
+        "gpu_model": nvsmi.current(),
         "state_dir": str(paths.STATE_DIR),
     }
     tmp = paths.TESTBED_JSON.with_suffix(".tmp")
@@ -155,10 +156,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     nodes = gpu.ensure(args.gpu_nodes) if args.gpu_nodes else gpu.present()
     made = len(gpu.recorded()["created"]) - made_before  # type: ignore[arg-type]
     (done if made else already).append(f"gpu nodes: {len(nodes)} present, {made} made now")
-    sshd.prepare()
+    # No --gpu-model: the node answers as one without a driver (nvidia-smi exits 9).
+    model_changed = nvsmi.select(args.gpu_model)
+    (done if model_changed else already).append(f"gpu model: {args.gpu_model or 'none (no driver)'}")
+    scripts_changed = sshd.prepare()
     if host_setup.install_known_host(sshd.known_hosts_line()):
         done.append(f"host key pinned in {paths.SYSTEM_KNOWN_HOSTS}")
     pid = sshd.running()
+    if pid and scripts_changed:
+        say("restarting sshd (its /usr/sbin overlay gained or changed a stand-in)")
+        sshd.stop()
+        pid = None
     if pid:
         already.append(f"sshd pid {pid} on {paths.SSH_HOST}:{paths.SSH_PORT}")
     else:
@@ -219,6 +227,7 @@ def collect_status() -> dict[str, Any]:
             "present": gpu.present(),
             "created_by_testbed": [c["path"] for c in gpu.recorded()["created"]],
         },  # type: ignore[attr-defined]
+        "gpu_model": nvsmi.current(),
         "containers": cts,
         "testbed_json": str(paths.TESTBED_JSON) if paths.TESTBED_JSON.is_file() else None,
     }
@@ -247,6 +256,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"{' (CA certificates changed since built)' if t.get('stale_ca') else ''}"
     )
     print(f"  gpu nodes: {', '.join(st['gpu_nodes']['present']) or 'none'}")
+    print(f"  gpu model (nvidia-smi): {st['gpu_model'] or 'none (no driver)'}")
     for ct in st["containers"]:
         print(f"  CT {ct['vmid']} {ct['hostname']}: {ct['real']}")
     return 0 if st["up"] else 1
@@ -301,6 +311,14 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         metavar="N",
         help="also create N dummy /dev/nvidiaN nodes (+ ctl, uvm, caps) where absent",
+    )
+    up.add_argument(
+        "--gpu-model",
+        choices=nvsmi.models(),
+        default=None,
+        metavar="NAME",
+        help="the node's nvidia-smi replays tests/data/nvidia-smi/NAME.csv "
+        f"({', '.join(nvsmi.models())}); without it, it answers as a node without a driver",
     )
     st = sub.add_parser("status", help="what runs; exit 0 when up")
     st.add_argument("--json", action="store_true")

@@ -13,6 +13,9 @@ SSH_DIR = STATE_DIR / "ssh"
 SBIN_DIR = STATE_DIR / "sbin"
 API_STATE = STATE_DIR / "api-state.json"
 GPU_NODES_FILE = STATE_DIR / "gpu-nodes.json"
+# The GPU model the stand-in nvidia-smi reports, and its recorded answer (absent: no driver).
+GPU_MODEL_FILE = STATE_DIR / "gpu-model"
+GPU_ANSWER_FILE = STATE_DIR / "nvidia-smi.csv"
 # pct's direct backend (no API server): one PVE-format config per container, as /etc/pve/lxc/<vmid>.conf.
 DIRECT_DIR = STATE_DIR / "direct"
 # The storage 'local' (type dir) lives here, as /var/lib/vz does on PVE.

@@ -1,6 +1,6 @@
 """A real sshd on 127.0.0.1:2222 with key-only root login and a pinned host key, running in a private
-mount namespace where /usr/sbin shows the testbed's `pct` and `pveversion` on top of the machine's own
-/usr/sbin (a read-only overlay: the machine's /usr/sbin is never written)."""
+mount namespace where /usr/sbin shows the testbed's `pct`, `pveversion` and `nvidia-smi` on top of the
+machine's own /usr/sbin (a read-only overlay: the machine's /usr/sbin is never written)."""
 
 import shlex
 import sys
@@ -25,8 +25,9 @@ def known_hosts_line() -> str:
     return f"[{paths.SSH_HOST}]:{paths.SSH_PORT} {key[0]} {key[1]}"
 
 
-def prepare() -> None:
-    """Keys, authorized_keys, known_hosts, sshd_config, and the scripts shown in /usr/sbin."""
+def prepare() -> bool:
+    """Keys, authorized_keys, known_hosts, sshd_config, and the scripts shown in /usr/sbin; True when
+    a script was new or changed (a running sshd's overlay may not show it: restart it)."""
     _keygen(paths.SSH_HOST_KEY, "mlstack-testbed-host")
     _keygen(paths.SSH_CLIENT_KEY, "mlstack-testbed-client")
     pub = paths.SSH_CLIENT_KEY.with_suffix(".pub").read_text().strip()
@@ -61,14 +62,23 @@ def prepare() -> None:
     py = shlex.quote(sys.executable)
     pythonpath = shlex.quote(str(paths.TESTBED_DIR))
     state = shlex.quote(str(paths.STATE_DIR))
-    for name, func in (("pct", "main"), ("pveversion", "pveversion_main")):
+    changed = False
+    for name, module, func in (
+        ("pct", "pct", "main"),
+        ("pveversion", "pct", "pveversion_main"),
+        ("nvidia-smi", "nvsmi", "main"),
+    ):
         script = paths.SBIN_DIR / name
-        script.write_text(
-            "#!/bin/sh\n# mlstack-testbed stand-in for PVE's " + name + "\n"
+        text = (
+            "#!/bin/sh\n# mlstack-testbed stand-in for " + name + "\n"
             f"MLSTACK_TESTBED_STATE={state} PYTHONPATH={pythonpath} exec {py} -c "
-            f"'import sys; from mlstack_testbed.pct import {func}; sys.exit({func}())' \"$@\"\n"
+            f"'import sys; from mlstack_testbed.{module} import {func}; sys.exit({func}())' \"$@\"\n"
         )
+        if not script.is_file() or script.read_text() != text:
+            script.write_text(text)
+            changed = True
         script.chmod(0o755)
+    return changed
 
 
 def running() -> int | None:

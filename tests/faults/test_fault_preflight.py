@@ -40,7 +40,7 @@ CASES = {
     ),
     "model path with '..' parts": ({"model_path": "/srv/../etc"}, "(no '.' or '..' parts)"),
     "memory below the profile's need": (
-        {"memory_mb": 512},
+        {"memory_mb": 512, "profile": "torch211-triton36"},
         "profile torch211-triton36 needs at least 2048 MiB of memory and 16 GiB of disk",
     ),
     "disk below the profile's need": ({"disk_gb": 4}, "the inventory gives memory_mb 2048 and disk_gb 4"),
@@ -79,7 +79,10 @@ def test_lock_out_of_date_with_its_pyproject_is_refused(
     runner: Any, api: Any, testbed: Any, stale_profiles: Path
 ) -> None:
     result = runner(
-        "provision.yml", [container(163)], timeout=300, gpu_container_profiles_dir=str(stale_profiles)
+        "provision.yml",
+        [container(163, profile="torch211-triton36")],
+        timeout=300,
+        gpu_container_profiles_dir=str(stale_profiles),
     )
     message = "Profile torch211-triton36: `uv lock --check` says its uv.lock is out of date with its"
     message += " pyproject.toml"

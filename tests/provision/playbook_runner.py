@@ -44,11 +44,32 @@ class PlaybookRun:
         return tasks
 
 
+# What the stack policy chooses for a new container where the GPU architecture is unknown.
+DEFAULT_PROFILE = "torch211-triton37-fla06"
+TESTBED_CLI = REPO / "testbed" / "testbed"
+
+
 def container(vmid: int, **fields: Any) -> dict[str, Any]:
-    entry = {"vmid": vmid, "hostname": f"t-{vmid}", "cores": 1, "memory_mb": 2048, "disk_gb": 16}
-    entry.update(gpus="all", profile="torch211-triton36")
+    """An inventory entry; without `profile` the stack policy chooses (the default for new containers)."""
+    entry = {
+        "vmid": vmid,
+        "hostname": f"t-{vmid}",
+        "cores": 1,
+        "memory_mb": 2048,
+        "disk_gb": 16,
+        "gpus": "all",
+    }
     entry.update(fields)
     return entry
+
+
+def set_gpu_model(model: str | None) -> None:
+    """What the testbed node's nvidia-smi reports: a recorded GPU model, or no driver (None). Global
+    state of the shared testbed: whoever sets a model puts None back."""
+    argv = [str(TESTBED_CLI), "up", "--gpu-nodes", "2"] + (["--gpu-model", model] if model else [])
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{r.stdout}\n{r.stderr}")
 
 
 def make_runner(workdir: Path, env: dict[str, str] | None = None) -> Callable[..., PlaybookRun]:

@@ -1,4 +1,6 @@
-"""provision.yml, a second run, verify.yml and destroy.yml on one real testbed container (CT 128)."""
+"""provision.yml, a second run, verify.yml and destroy.yml on one real testbed container (CT 128) with
+no profile in its inventory entry: the stack policy gives it the default for new containers, the node's
+GPU architecture being unknown (the testbed's nvidia-smi answers as a node without a driver)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from playbook_runner import REPO, PlaybookRun, container
+from playbook_runner import DEFAULT_PROFILE, REPO, PlaybookRun, container
 
 VMID = 128
 CT = [container(VMID)]
@@ -38,6 +40,25 @@ def test_provision_creates_a_verified_container(first_run: PlaybookRun, api: Any
     row = next(r for r in fleet["containers"] if str(r["vmid"]) == str(VMID))
     assert row["reached_doctor"] and row["root_cause"] is None
     assert row["stages"]["toolchain"] == "pass"
+
+
+def test_the_policy_gives_the_new_default_and_says_why(first_run: PlaybookRun) -> None:
+    from tbhelpers import attach
+
+    said = " ".join(first_run.output.split())
+    assert "GPU architecture unknown (nvidia-smi exited 9: NVIDIA-SMI has failed" in said, said[-4000:]
+    assert f"CT {VMID}: profile {DEFAULT_PROFILE} (policy)" in said, said[-4000:]
+    fleet = json.loads((REPO / "reports" / "fleet.json").read_text())
+    row = next(r for r in fleet["containers"] if str(r["vmid"]) == str(VMID))
+    assert (row["profile"], row["profile_from"], row["purpose"]) == (DEFAULT_PROFILE, "policy", "training")
+    assert f"| {DEFAULT_PROFILE} (policy) |" in (REPO / "reports" / "fleet.md").read_text()
+    # What is installed is that profile's lock: triton 3.7.1 over torch's pin, FLA 0.6.0.
+    r = attach(
+        VMID,
+        "/opt/mlstack/venv/bin/python -c 'import importlib.metadata as m; "
+        'print(m.version("triton"), m.version("fla-core"))\'',
+    )
+    assert r.stdout.split() == ["3.7.1", "0.6.0"], r.stderr
 
 
 def test_second_run_changes_nothing(first_run: PlaybookRun, run_playbook_module: Any) -> None:

@@ -1,9 +1,12 @@
-"""upgrade.yml and rollback.yml on one real testbed container (CT 129): the new venv is built
-beside the live one and becomes active only when the doctor passes; every failure leaves the old
-venv active and working."""
+"""upgrade.yml and rollback.yml on one real testbed container (CT 129), from the old default stack
+(torch211-triton36) to the new one (torch211-triton37-fla06): the new venv is built beside the live
+one and becomes active only when the doctor passes; every failure leaves the old venv active and
+working. The node reports H200s (a recorded nvidia-smi answer) and the container is for inference, so
+the stack policy accepts the old stack without tilelang and says why."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -12,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playbook_runner import REPO, PlaybookRun, container, make_runner
+from playbook_runner import DEFAULT_PROFILE, REPO, PlaybookRun, container, make_runner, set_gpu_model
 
 VMID = 129
-CT = [container(VMID)]
-TRITON37 = "torch211-triton37"
+OLD = "torch211-triton36"
+NEW = DEFAULT_PROFILE
+CT = [container(VMID, profile=OLD, extras=[], purpose="inference")]
 
 
 def inside(script: str) -> subprocess.CompletedProcess[str]:
@@ -36,26 +40,59 @@ def active_triton() -> str:
     return r.stdout.strip()
 
 
+def active_fla() -> str:
+    r = inside(
+        "/opt/mlstack/venv/bin/python -c 'import importlib.metadata as m; print(m.version(\"fla-core\"))'"
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
 def active_venv() -> str:
     return inside("readlink /opt/mlstack/venv").stdout.strip()
 
 
 @pytest.fixture(scope="module")
-def runner(tmp_path_factory: pytest.TempPathFactory, testbed: Any) -> Iterator[Any]:
+def first_run(tmp_path_factory: pytest.TempPathFactory, testbed: Any) -> Iterator[tuple[Any, PlaybookRun]]:
+    set_gpu_model("h200")
     run = make_runner(tmp_path_factory.mktemp("upgrade"))
-    first = run("provision.yml", CT)
+    try:
+        first = run("provision.yml", CT)
+        yield run, first
+    finally:
+        run("destroy.yml", CT, mlstack_destroy_confirm=True)
+        set_gpu_model(None)
+
+
+@pytest.fixture(scope="module")
+def runner(first_run: tuple[Any, PlaybookRun]) -> Any:
+    run, first = first_run
     assert first.rc == 0, first.output[-4000:]
-    yield run
-    run("destroy.yml", CT, mlstack_destroy_confirm=True)
+    return run
+
+
+def test_policy_accepts_the_old_stack_for_inference_on_h200(first_run: tuple[Any, PlaybookRun]) -> None:
+    said = " ".join(first_run[1].output.split())
+    assert first_run[1].rc == 0, said[-4000:]
+    assert "testbed: 8 GPU(s): NVIDIA H200 (sm_90)" in said
+    assert f"CT {VMID}: profile {OLD}, extras [], purpose inference, GPUs sm_90." in said, said[-4000:]
+    fleet = json.loads((REPO / "reports" / "fleet.json").read_text())
+    row = next(r for r in fleet["containers"] if str(r["vmid"]) == str(VMID))
+    assert (row["profile"], row["extras"], row["purpose"]) == (OLD, [], "inference")
+    assert (row["profile_from"], row["extras_from"]) == ("inventory", "inventory")
+    md = (REPO / "reports" / "fleet.md").read_text()
+    assert f"| {OLD} (inventory) | none (inventory) | inference |" in md
 
 
 @pytest.fixture
 def broken_profiles(tmp_path: Path) -> Path:
     """A profiles folder holding 'broken-lock': the default profile locked for Python >= 3.14, which
     the container's Python 3.11 cannot install (`uv sync --frozen` refuses it)."""
-    src = REPO / "profiles" / "torch211-triton36"
+    src = REPO / "profiles" / OLD
     dst = tmp_path / "profiles" / "broken-lock"
     shutil.copytree(src, dst)
+    # The stack policy reads its rules beside the profiles.
+    shutil.copy(REPO / "profiles" / "policy.yml", dst.parent / "policy.yml")
     for name in ("pyproject.toml", "uv.lock"):
         text = (dst / name).read_text()
         text, n = re.subn(r"^requires-python = .*$", 'requires-python = ">=3.14"', text, count=1, flags=re.M)
@@ -68,12 +105,12 @@ def test_doctor_failure_keeps_the_old_venv(runner: Any) -> None:
     before = active_venv()
     assert inside("mv /usr/bin/gcc /usr/bin/gcc.hidden").returncode == 0
     try:
-        result: PlaybookRun = runner("upgrade.yml", CT, mlstack_upgrade_profile=TRITON37)
+        result: PlaybookRun = runner("upgrade.yml", CT, mlstack_upgrade_profile=NEW)
     finally:
         inside("mv /usr/bin/gcc.hidden /usr/bin/gcc")
     assert result.rc != 0
     # The new venv was built (the play says how long it took) and then refused by the doctor.
-    assert re.search(r"mlstack-build-venv: built\s+\S+triton37\S*\s+in\s+[0-9.]+ s \(uv: ", result.output)
+    assert re.search(r"mlstack-build-venv: built\s+\S+fla06\S*\s+in\s+[0-9.]+ s \(uv: ", result.output)
     assert "NO_C_COMPILER" in result.output
     assert active_venv() == before
     assert active_triton() == "3.6.0"
@@ -81,9 +118,13 @@ def test_doctor_failure_keeps_the_old_venv(runner: Any) -> None:
 
 def test_upgrade_switches_when_the_doctor_passes(runner: Any) -> None:
     before = active_venv()
-    result = runner("upgrade.yml", CT, mlstack_upgrade_profile=TRITON37)
+    result = runner("upgrade.yml", CT, mlstack_upgrade_profile=NEW)
     assert result.rc == 0, result.output[-4000:]
+    assert (
+        " ".join(result.output.split()).count(f"CT {VMID}: profile {NEW}, extras [], purpose inference") == 1
+    )
     assert active_triton() == "3.7.1"
+    assert active_fla() == "0.6.0"
     assert inside("readlink /opt/mlstack/venv.previous").stdout.strip() == before
     env = inside("cat /etc/profile.d/mlstack.sh").stdout
     assert f"TRITON_CACHE_DIR=/var/cache/mlstack/triton/{Path(active_venv()).name}" in env
@@ -111,3 +152,4 @@ def test_rollback_returns_to_the_previous_venv(runner: Any) -> None:
     assert result.rc == 0, result.output[-4000:]
     assert active_venv() == previous
     assert active_triton() == "3.6.0"
+    assert active_fla() == "0.5.1"

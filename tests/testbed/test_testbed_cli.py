@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import requests
 from mlstack_testbed import client, paths
-from tbhelpers import REPO, run
+from tbhelpers import REPO, run, ssh
 
 TESTBED = str(REPO / "testbed" / "testbed")
 KEYS = {
@@ -109,3 +109,45 @@ def test_api_state_survives_restart(
     ct = api.nodes(testbed.node).lxc(900)
     assert ct.config.get()["dev0"] == "/dev/nvidia0,gid=44,mode=0666"
     assert ct.status.current.get()["status"] == "running"
+
+
+QUERY = "nvidia-smi --query-gpu=index,name,uuid,compute_cap --format=csv,noheader"
+
+
+@pytest.fixture
+def gpu_model_restored(testbed: client.Testbed) -> Any:
+    """The GPU model is the testbed's global state: back to no driver (the session's `up`) afterwards."""
+    yield
+    r = run([TESTBED, "up", "--gpu-nodes", "2"], timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def test_gpu_model_replays_a_recorded_answer_over_ssh(
+    testbed: client.Testbed, gpu_model_restored: Any
+) -> None:
+    r = run([TESTBED, "up", "--gpu-nodes", "2", "--gpu-model", "h200"], timeout=120)
+    assert r.returncode == 0, r.stderr
+    answer = ssh(testbed, QUERY)
+    assert answer.returncode == 0, answer.stderr
+    recorded = (REPO / "tests" / "data" / "nvidia-smi" / "h200.csv").read_text()
+    assert answer.stdout == recorded
+    assert answer.stdout.splitlines()[0].startswith("0, NVIDIA H200, GPU-") and answer.stdout.count("\n") == 8
+    st = json.loads(run([TESTBED, "status", "--json"]).stdout)
+    assert st["gpu_model"] == "h200"
+    # The machine itself has no such nvidia-smi: only the node's SSH namespace shows it.
+    assert not Path("/usr/sbin/nvidia-smi").exists()
+
+
+def test_without_gpu_model_the_node_has_no_driver(testbed: client.Testbed, gpu_model_restored: Any) -> None:
+    run([TESTBED, "up", "--gpu-nodes", "2", "--gpu-model", "b200"], timeout=120)
+    r = run([TESTBED, "up", "--gpu-nodes", "2"], timeout=120)
+    assert r.returncode == 0, r.stderr
+    answer = ssh(testbed, QUERY)
+    assert answer.returncode == 9
+    assert "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver" in answer.stdout
+    assert json.loads(run([TESTBED, "status", "--json"]).stdout)["gpu_model"] is None
+
+
+def test_unknown_gpu_model_is_refused(testbed: client.Testbed) -> None:
+    r = run([TESTBED, "up", "--gpu-model", "not-a-gpu"], timeout=120)
+    assert r.returncode == 2 and "h200" in r.stderr

@@ -1,0 +1,47 @@
+"""The stack policy through provision.yml on the testbed node reporting H200s (its nvidia-smi replays
+a recorded H200 answer): a training container that explicitly asks for a stack whose FLA refuses the
+backward on Hopper without tilelang is refused in the preflight, before anything exists (CT 121)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from playbook_runner import PlaybookRun, container, make_runner, set_gpu_model
+
+VMID = 121
+
+
+@pytest.fixture(scope="module")
+def h200_node(testbed: Any) -> Iterator[None]:
+    set_gpu_model("h200")
+    yield
+    set_gpu_model(None)
+
+
+@pytest.fixture(scope="module")
+def refused(h200_node: None, tmp_path_factory: pytest.TempPathFactory) -> PlaybookRun:
+    run = make_runner(tmp_path_factory.mktemp("policy"))
+    entry = container(VMID, profile="torch211-triton36", extras=[], purpose="training")
+    return run("provision.yml", [entry], timeout=600)
+
+
+def test_refused_before_any_change(refused: PlaybookRun, api: Any, testbed: Any) -> None:
+    from proxmoxer.core import ResourceException
+
+    assert refused.rc != 0
+    assert refused.changed() == 0, refused.changed_tasks()
+    # Failed in the preflight play: the node was never prepared, the container never created.
+    assert "Create the container through the PVE API" not in refused.output
+    with pytest.raises(ResourceException):
+        api.nodes(testbed.node).lxc(VMID).status.current.get()
+
+
+def test_refusal_names_the_gpu_and_the_alternative(refused: PlaybookRun) -> None:
+    said = " ".join(refused.output.split())
+    assert f"{VMID}" in said and "torch211-triton36" in said
+    assert "H200" in said and "sm_90" in said, said[-3000:]
+    # What to choose instead: the profile that trains on Hopper without tilelang, or the extra.
+    assert "torch211-triton37-fla06" in said or "tilelang" in said, said[-3000:]
+    assert "Nothing was changed." in said

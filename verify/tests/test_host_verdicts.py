@@ -250,6 +250,17 @@ def test_a_stale_libcuda_on_ld_library_path_shadows_the_right_one(fake_driver: A
     assert "535.104.05" in r.summary and KMOD in r.summary and f"remove {stale} from LD_LIBRARY_PATH" in r.fix
 
 
+def test_one_libcuda_on_ld_library_path_against_another_module_is_a_mismatch(
+    fake_driver: Any, tmp_path: Path
+) -> None:
+    """The H200's layout (libcuda on LD_LIBRARY_PATH and in the cache, one folder) after a module upgrade:
+    nothing shadows anything; the user space is stale."""
+    here = fake_driver.libcuda("nvidia-lib", "570.86.15")
+    fake_driver.cache = [here + "/libcuda.so.1"]
+    r = host_probes(LD_LIBRARY_PATH=here)["nvidia_driver"]
+    assert r.code == "DRIVER_API_MISMATCH" and KMOD in r.fix and "570.86.15" in r.fix
+
+
 def test_ld_library_path_with_the_right_libcuda_passes(fake_driver: Any) -> None:
     fake_driver.cache = [fake_driver.libcuda("lib") + "/libcuda.so.1"]
     r = host_probes(LD_LIBRARY_PATH=fake_driver.libcuda("also-right"))["nvidia_driver"]

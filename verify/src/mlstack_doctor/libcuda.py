@@ -101,11 +101,13 @@ def find(nvml_lib: str | None) -> LibCuda:
 
 def verdict(lib: LibCuda, kmod: str | None) -> Problem | None:
     """What is wrong with where libcuda.so.1 is, else None. Fixes name only what the doctor found."""
-    right = kmod or lib.ldconfig_version
-    if lib.ld_library_path and right and lib.version and lib.version != right:
-        stale = lib.ld_library_path[0]
+    # Shadowing needs two copies that differ: LD_LIBRARY_PATH's wins over the linker cache's. One copy whose
+    # version differs from the kernel module is a driver mismatch, which the caller names.
+    cached = lib.ldconfig_version
+    if lib.ld_library_path and cached and lib.version and lib.version != cached:
+        stale, right = lib.ld_library_path[0], kmod or cached
         summary = f"LD_LIBRARY_PATH's {stale}/libcuda.so.1 is {lib.version}, the driver {right}"
-        good = f" (the linker cache's libcuda is {right})" if lib.ldconfig_version == right else ""
+        good = f" (the linker cache's libcuda is {right})" if cached == right else ""
         return Problem("LIBCUDA_SHADOWED", summary, fix_for("LIBCUDA_SHADOWED", stale=stale, good=good))
     if lib.triton_libcuda_path is not None and not lib.triton_dirs_with:
         return _triton_path_verdict(lib, kmod)

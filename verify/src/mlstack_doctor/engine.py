@@ -152,25 +152,6 @@ PROBES: tuple[Probe, ...] = (
 )
 
 
-# The warm tier: what the warm step needs to be trusted (host, toolchain, packages, the config), then the
-# warm itself. No torch_cuda/FLA probes: the full tier proves those; a rerun on a warm key stays cheap.
-WARM_TIER = (
-    "nvidia_device_nodes",
-    "nvidia_driver",
-    "cuda_visible_devices",
-    "c_compiler",
-    "python_headers",
-    "tmpdir",
-    "c_extension_build",
-    "triton_cache_dir",
-    "package_versions",
-    "torch_triton_pin",
-    "causal_conv1d",
-    "model_config",
-    "triton_warm",
-)
-
-
 # The fast tier: what can be proven without importing torch, Triton, FLA or transformers (the driver
 # through NVML's C library, versions and torch's triton pin from package metadata), in about a second:
 # for monitoring and a quick verify.yml. No session probe, no model_config (it imports transformers).
@@ -187,6 +168,11 @@ FAST_TIER = (
     "torch_triton_pin",
     "causal_conv1d",
 )
+
+# The warm tier: what the warm step needs to be trusted (host, toolchain, packages: the fast tier; then the
+# config), then the warm itself. No torch_cuda/FLA probes: the full tier proves those; a rerun on a warm key
+# stays cheap.
+WARM_TIER = (*FAST_TIER, "model_config", "triton_warm")
 
 LISTED = {"fast": FAST_TIER, "warm": WARM_TIER}
 

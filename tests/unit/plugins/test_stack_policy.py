@@ -47,6 +47,20 @@ def test_recorded_answers_parse(name: str, count: int, model: str, arch: str) ->
     assert all(re.fullmatch(r"GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", g["uuid"]) for g in gpus)
 
 
+@pytest.mark.parametrize(
+    ("profile", "extras"), [(None, []), ("torch211-triton36", ["hopper"]), ("torch211-triton37", ["hopper"])]
+)
+def test_the_answer_recorded_on_the_lent_h200_through_the_policy(
+    profile: str | None, extras: list[str]
+) -> None:
+    """nvidia-smi's own answer on the H200 the profiles were proven on (2026-12-01)."""
+    gpus = recorded("h200-recorded")
+    assert [(g["name"], sp.arch_of(g["compute_cap"])) for g in gpus] == [("NVIDIA H200", "sm_90")]
+    entry = {"vmid": 200, "gpus": "all", **({"profile": profile} if profile else {})}
+    choice = stack_choice(gpus, entry, str(PROFILES))
+    assert (choice["profile"], choice["extras"], choice["refused"]) == (profile or DEFAULT, extras, None)
+
+
 def test_lines_that_are_not_gpu_rows_are_skipped() -> None:
     text = "WARNING: infoROM is corrupted at gpu 0000:17:00.0\n0, NVIDIA H200, GPU-1, 9.0\n\n"
     assert sp.parse_nvidia_smi_csv(text) == [

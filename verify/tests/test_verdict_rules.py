@@ -31,10 +31,18 @@ def doctor(
     cwd: Path | None = None,
     mounts: tuple[tuple[str, Path], ...] = (),
 ) -> DoctorRun:
-    """The doctor as a subprocess; with `mounts` ((tmpfs options, dir), ...) inside `unshare -m`."""
+    """The doctor as a subprocess; with `mounts` ((tmpfs options, dir), ...) inside `unshare -m`. The
+    option "bind,ro" makes a folder read-only in place instead (its content stays: the checkout, the
+    interpreter or the test's own folders may live below it, e.g. a clone under /tmp)."""
     argv = [python, "-m", "mlstack_doctor", "--json", "--quiet", *args]
     if mounts:
-        steps = [f"mount -t tmpfs -o {o} tmpfs {shlex.quote(str(d))}" for o, d in mounts]
+        steps = [
+            f"mount --bind {shlex.quote(str(d))} {shlex.quote(str(d))} && "
+            f"mount -o remount,bind,ro {shlex.quote(str(d))}"
+            if o == "bind,ro"
+            else f"mount -t tmpfs -o {o} tmpfs {shlex.quote(str(d))}"
+            for o, d in mounts
+        ]
         argv = ["unshare", "-m", "sh", "-c", " && ".join([*steps, "exec " + shlex.join(argv)])]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env or doctor_env(), cwd=cwd, timeout=240)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
@@ -132,7 +140,7 @@ def test_no_usable_folder_anywhere_is_said_not_guessed(tmp_path: Path) -> None:
     env = doctor_env({"HOME": str(home), "XDG_CACHE_HOME": str(xdg), "TMPDIR": str(tmp), "USER": "u"})
     env.pop("TRITON_CACHE_DIR")
     # /tmp last: Python's tempfile falls back to it when TMPDIR is read-only.
-    ro = (("ro", home), ("ro", xdg), ("ro", tmp), ("ro", Path("/var/tmp")), ("ro", Path("/tmp")))
+    ro = (("ro", home), ("ro", xdg), ("ro", tmp), ("bind,ro", Path("/var/tmp")), ("bind,ro", Path("/tmp")))
     run = doctor("--no-gpu", "--only", "triton_cache_dir", env=env, mounts=ro)
     p = run.probe("triton_cache_dir")
     assert p["code"] == "TRITON_CACHE_UNWRITABLE"

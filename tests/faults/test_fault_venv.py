@@ -1,7 +1,8 @@
 """Faults while the venv is built, on the shared CT, with the build moved aside (ml_venv_root and
 ml_venv_venvs_dir, not activated) so the working venv stays in place and must keep working:
 
-- the SSH link to the node killed a second into `uv sync` (a forwarder only this run uses);
+- the SSH link to the node killed while the venv build runs (a forwarder only this run uses); the
+  build then runs `uv sync` in the container with the link gone;
 - the disk filling up during the build (a small tmpfs on the venvs folder, inside the container only).
 
 After each: no venv without its completion marker, the active venv untouched and working, and a rerun
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,39 +66,75 @@ def ssh_link(testbed: Any, tmp_path: Path) -> Iterator[tuple[Link, dict[str, Any
     run(["ssh-keygen", "-R", f"[127.0.0.1]:{link.port}", "-f", str(Path.home() / ".ssh" / "known_hosts")])
 
 
+@contextmanager
+def build_lock_held(vmid: int, lock: str) -> Iterator[Callable[[], None]]:
+    """Another build of the same venv, as mlstack-build-venv sees it: a process in the container holding
+    the venv's build lock until released. A build started meanwhile waits on the lock, so the test can
+    act while the build step is surely running (a warm-cache `uv sync` is over in a second)."""
+    release = f"{lock}.release"
+    holder = f"while [ ! -e {release} ]; do sleep 0.2; done"
+    r = ct_sh(
+        vmid,
+        f"rm -f {release}; setsid flock -n {lock} sh -c '{holder}' </dev/null >/dev/null 2>&1 & "
+        f"for i in $(seq 50); do flock -n {lock} true || exit 0; sleep 0.1; done; exit 1",
+    )
+    assert r.returncode == 0, f"could not hold {lock}: {r.stderr}"
+
+    def let_go() -> None:
+        ct_sh(vmid, f"touch {release}")
+
+    try:
+        yield let_go
+    finally:
+        let_go()
+        wait_for(lambda: ct_sh(vmid, f"flock -n {lock} true").returncode == 0, 30, 0.2)
+        ct_sh(vmid, f"rm -f {release}")
+
+
 @pytest.mark.slow
-def test_ssh_link_killed_during_uv_sync(
+def test_ssh_link_killed_during_venv_build(
     runner: Any, shared_ct: dict[str, Any], ssh_link: tuple[Link, dict[str, Any]]
 ) -> None:
     vmid, venvs = int(shared_ct["vmid"]), f"{STORE_VENVS}/ct160-faults-ssh"
     link, via_link = ssh_link
-    ct_sh(vmid, f"rm -rf {venvs}")
     env_before = profile_env(vmid)
+    venv_id = ct_sh(vmid, "basename $(readlink -f /opt/mlstack/venv)").stdout.strip()
+    ct_sh(vmid, f"rm -rf {venvs} && mkdir -p {venvs}")
     results: dict[str, Any] = {}
-    thread = threading.Thread(
-        target=lambda: results.update(cut=runner("provision.yml", [shared_ct], **via_link, **aside(venvs)))
-    )
-    thread.start()
-    try:
+    with build_lock_held(vmid, f"{venvs}/{venv_id}.lock") as let_go:
 
-        def syncing() -> bool:
-            return ct_sh(vmid, "pgrep -f 'bin/uv [s]ync' >/dev/null").returncode == 0
+        def provision() -> None:
+            results["cut"] = runner("provision.yml", [shared_ct], **via_link, **aside(venvs))
 
-        wait_for(lambda: syncing() or not thread.is_alive(), 600, 0.5)
-        assert syncing(), "uv sync never started: " + results.get("cut", PlaybookRun(0, "")).output[-3000:]
-        time.sleep(1)
-        link.cut()
-        results["syncing_at_cut"] = syncing()
-        cut_at = time.monotonic()
-    finally:
-        thread.join(900)
+        thread = threading.Thread(target=provision)
+        thread.start()
+        try:
+
+            def building() -> bool:
+                return ct_sh(vmid, f"pgrep -f '{ROOT}/bin/[m]lstack-build-venv' >/dev/null").returncode == 0
+
+            wait_for(lambda: building() or not thread.is_alive(), 600, 0.5)
+            so_far = results.get("cut", PlaybookRun(0, "")).output[-3000:]
+            assert building(), "the venv build never started: " + so_far
+            time.sleep(1)
+            link.cut()
+            cut_at = time.monotonic()
+            # The build goes on without the link: `uv sync` runs in the container after the cut.
+            let_go()
+        finally:
+            thread.join(900)
     cut = results["cut"]
 
     # What the user saw: the container unreachable at the build, with the connection's own error.
     assert cut.rc != 0
     assert "UNREACHABLE!" in cut.output, cut.output[-3000:]
     assert "Build the venv from the lock" in cut.output.split("UNREACHABLE!")[0].rsplit("TASK [", 1)[-1]
-    assert f"Unable to connect to port {link.port} on 127.0.0.1" in one_line(cut.output), cut.output[-3000:]
+    # OpenSSH's words (mlstack.pve.pct_ssh), or paramiko's (community.proxmox.proxmox_pct_remote).
+    said = one_line(cut.output)
+    assert (
+        f"connect to host 127.0.0.1 port {link.port}" in said
+        or f"Unable to connect to port {link.port} on 127.0.0.1" in said
+    ), cut.output[-3000:]
     assert time.monotonic() - cut_at < 120, "the run did not notice the link was gone"
     # State: the working venv untouched; no venv without its marker (the build, left running in the
     # container by the async task, is still in its .partial folder or complete).

@@ -22,7 +22,8 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from . import lxcconf, realct
+from . import lxcconf
+from .ctlayout import ct_dir, rootfs_dir
 from .proc import run
 
 MODES = ("overlay", "bind")
@@ -35,16 +36,16 @@ class HostRootError(RuntimeError):
 
 
 def rw_dir(vmid: int) -> Path:
-    return realct.ct_dir(vmid) / "hostroot-rw"
+    return ct_dir(vmid) / "hostroot-rw"
 
 
 def marker(vmid: int) -> Path:
-    return realct.ct_dir(vmid) / "hostroot"
+    return ct_dir(vmid) / "hostroot"
 
 
 def is_hostroot(vmid: int) -> bool:
     """A container on the machine's own root (marked at create), or any whose rootfs is a mount point."""
-    return marker(vmid).exists() or rw_dir(vmid).exists() or is_mountpoint(realct.rootfs_dir(vmid))
+    return marker(vmid).exists() or rw_dir(vmid).exists() or is_mountpoint(rootfs_dir(vmid))
 
 
 def _unescape(field: str) -> str:
@@ -77,7 +78,7 @@ def mount(vmid: int, mode: str = "overlay", size_mib: int = 16384) -> str:
     """Mount the container's rootfs (idempotent); returns the lxc.rootfs.path value."""
     if mode not in MODES:
         raise HostRootError(f"unknown host-root mode {mode!r} (one of {', '.join(MODES)})")
-    root = realct.rootfs_dir(vmid)
+    root = rootfs_dir(vmid)
     root.mkdir(parents=True, exist_ok=True)
     if is_mountpoint(root):
         return f"dir:{root}"
@@ -104,7 +105,7 @@ def mount(vmid: int, mode: str = "overlay", size_mib: int = 16384) -> str:
 
 def prepare_targets(vmid: int, mounts: Iterable[lxcconf.MountSpec]) -> None:
     """Create mpN mount points inside the rootfs from the host side (never through a link out of it)."""
-    root = realct.rootfs_dir(vmid).resolve()
+    root = rootfs_dir(vmid).resolve()
     for m in mounts:
         target = root / m.target.lstrip("/")
         parent = target
@@ -117,7 +118,7 @@ def prepare_targets(vmid: int, mounts: Iterable[lxcconf.MountSpec]) -> None:
 
 def unmount(vmid: int) -> None:
     """Unmount the rootfs and its tmpfs; raises unless both are gone (destroy depends on it)."""
-    for path in (realct.rootfs_dir(vmid), rw_dir(vmid)):
+    for path in (rootfs_dir(vmid), rw_dir(vmid)):
         for _ in range(3):
             if not is_mountpoint(path):
                 break
@@ -131,7 +132,7 @@ def unmount(vmid: int) -> None:
 def remove(vmid: int) -> None:
     """Remove the container's directory once nothing is mounted under it: never deletes through a mount."""
     unmount(vmid)
-    ct = realct.ct_dir(vmid)
+    ct = ct_dir(vmid)
     if not ct.exists():
         return
     ct_real = str(ct.resolve())

@@ -11,7 +11,10 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import lxcconf, paths
+from . import hostroot, lxcconf, paths
+
+# The layout is realct's API too (realct.ct_dir etc.); it lives in ctlayout because hostroot needs it as well.
+from .ctlayout import ct_dir, passthrough_dir, rootfs_dir
 from .proc import run
 
 IDMAP = lxcconf.IdMap(paths.IDMAP_BASE, paths.IDMAP_SIZE)
@@ -22,18 +25,6 @@ BRIDGES = {paths.BRIDGE: paths.HOST_BRIDGE, paths.HOST_BRIDGE: paths.HOST_BRIDGE
 
 class RealCtError(RuntimeError):
     pass
-
-
-def ct_dir(vmid: int) -> Path:
-    return paths.LXC_PATH / str(vmid)
-
-
-def rootfs_dir(vmid: int) -> Path:
-    return ct_dir(vmid) / "rootfs"
-
-
-def passthrough_dir(vmid: int) -> Path:
-    return ct_dir(vmid) / "passthrough"
 
 
 def exists(vmid: int) -> bool:
@@ -225,8 +216,6 @@ def destroy(vmid: int) -> None:
     if not ct_dir(vmid).exists():
         return
     stop(vmid)
-    from . import hostroot
-
     if hostroot.is_hostroot(vmid):
         # Its rootfs is a mount of the machine's own root: unmount, never rm -rf through it.
         hostroot.remove(vmid)

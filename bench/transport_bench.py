@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Container transport benchmark on the testbed: mlstack.pve.pct_ssh against
+community.proxmox.proxmox_pct_remote, every figure measured in one run, ratios printed.
+
+  .venv/bin/python bench/transport_bench.py [--calls 20] [--json out.json] [--logs DIR]
+
+Uses vmids 196-197 (one node, two containers), destroyed at the end, and the node's shared uv
+cache as it is (a warm machine: run it after `make provision` or the suites). Figures:
+- per-call cost of each layer under a task: lxc-attach on the machine (what pct exec does), one
+  command over a kept SSH connection to the node, `pct exec` over that connection;
+- per-task cost inside a container (a playbook of N stat tasks minus one of 1), per transport;
+- first provision of 2 containers (warm machine, new transport), then the changed=0 rerun with each
+  transport, per node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "provision"))
+sys.path.insert(0, str(REPO / "testbed"))
+
+from mlstack_testbed import client  # noqa: E402
+from playbook_runner import PlaybookRun, container, make_runner  # noqa: E402
+
+VMIDS = (196, 197)
+TRANSPORTS = {"pct_ssh": "mlstack.pve.pct_ssh", "pct_remote": "community.proxmox.proxmox_pct_remote"}
+LOGS: Path | None = None
+
+
+def median_seconds(argv: list[str], calls: int) -> float:
+    times = []
+    for _ in range(calls):
+        t0 = time.monotonic()
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        times.append(time.monotonic() - t0)
+        if r.returncode != 0:
+            sys.exit(f"{' '.join(argv)} failed: {r.stderr}")
+    return statistics.median(times)
+
+
+def layer_costs(tb: client.Testbed, vmid: int, calls: int, control_dir: Path) -> dict[str, float]:
+    ssh = [
+        "ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+        "-o", f"UserKnownHostsFile={tb.ssh_known_hosts_file}",
+        "-o", "ControlMaster=auto", "-o", "ControlPersist=60", "-o", f"ControlPath={control_dir}/%C",
+        "-i", tb.ssh_key_file, "-p", str(tb.ssh_port), "-l", tb.ssh_user, tb.ssh_host,
+    ]  # fmt: skip
+    subprocess.run([*ssh, "true"], capture_output=True, timeout=60, check=True)  # the master
+    return {
+        "lxc_attach_s": median_seconds(
+            ["lxc-attach", "-n", str(vmid), "--clear-env", "--", "/bin/true"], calls
+        ),
+        "ssh_kept_s": median_seconds([*ssh, "true"], calls),
+        "ssh_pct_exec_s": median_seconds([*ssh, f"/usr/sbin/pct exec {vmid} -- /bin/true"], calls),
+    }
+
+
+def task_cost(tb: client.Testbed, work: Path, transport: str, vmid: int, tasks: int) -> float:
+    """Seconds per task inside the container: a playbook of `tasks` stat tasks minus one of 1."""
+    inventory = work / f"ct-{transport.rsplit('.', 1)[-1]}.json"
+    inventory.write_text(
+        json.dumps(
+            {
+                "all": {
+                    "hosts": {
+                        "ct": {
+                            "ansible_connection": transport,
+                            "ansible_host": tb.ssh_host,
+                            "ansible_port": tb.ssh_port,
+                            "ansible_user": tb.ssh_user,
+                            "ansible_ssh_private_key_file": tb.ssh_key_file,
+                            "mlstack_ssh_known_hosts_file": tb.ssh_known_hosts_file,
+                            "proxmox_vmid": vmid,
+                            "ansible_python_interpreter": "/usr/bin/python3",
+                        }
+                    }
+                }
+            }
+        )
+    )
+    wall = {}
+    for n in (1, tasks):
+        play = work / f"stat-{n}.yml"
+        stats = [{"ansible.builtin.stat": {"path": "/etc/hostname"}} for _ in range(n)]
+        play.write_text(json.dumps([{"hosts": "ct", "gather_facts": False, "tasks": stats}]))
+        t0 = time.monotonic()
+        r = subprocess.run(
+            [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(inventory), str(play)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+            env={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": "/usr/bin:/bin", "HOME": "/root"},
+        )
+        wall[n] = time.monotonic() - t0
+        if r.returncode != 0:
+            sys.exit(f"stat tasks over {transport} failed:\n{r.stdout[-3000:]}")
+    return (wall[tasks] - wall[1]) / (tasks - 1)
+
+
+def timed(
+    runner: Any, playbook: str, cts: list[dict[str, Any]], label: str, **extra: Any
+) -> tuple[float, PlaybookRun]:
+    t0 = time.monotonic()
+    run = runner(playbook, cts, timeout=3600, **extra)
+    elapsed = time.monotonic() - t0
+    if LOGS:
+        (LOGS / f"{label}.log").write_text(run.output)
+    if run.rc != 0:
+        sys.exit(f"{label} failed (rc {run.rc}):\n{run.output[-4000:]}")
+    print(f"  {label:<28} {elapsed:7.1f} s  changed={run.changed()}", flush=True)
+    return elapsed, run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--calls", type=int, default=20, help="calls per layer and stat tasks per playbook")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--logs", type=Path, help="keep each playbook's output here")
+    args = parser.parse_args()
+    global LOGS
+    LOGS = args.logs
+    if LOGS:
+        LOGS.mkdir(parents=True, exist_ok=True)
+
+    tb = client.load()
+    work = Path(tempfile.mkdtemp(prefix="mlstack-transport-"))
+    runner = make_runner(work)
+    cts = [container(v) for v in VMIDS]
+    fig: dict[str, Any] = {}
+    try:
+        runner("destroy.yml", cts, mlstack_destroy_confirm=True)
+        print("provisioning 1 node x 2 containers (warm machine):", flush=True)
+        fig["first_2ct_s"], _ = timed(runner, "provision.yml", cts, "first provision (pct_ssh)")
+        for name, transport in TRANSPORTS.items():
+            fig[f"rerun_{name}_s"], run = timed(
+                runner, "provision.yml", cts, f"rerun ({name})", gpu_container_connection=transport
+            )
+            fig[f"rerun_{name}_changed"] = run.changed()
+        print("per call and per task:", flush=True)
+        fig.update(layer_costs(tb, VMIDS[0], args.calls, work))
+        for name, transport in TRANSPORTS.items():
+            fig[f"task_{name}_s"] = task_cost(tb, work, transport, VMIDS[0], args.calls)
+    finally:
+        runner("destroy.yml", cts, mlstack_destroy_confirm=True)
+
+    print("\nfigures (seconds):")
+    for key, value in fig.items():
+        print(f"  {key:<24} {value:8.3f}" if isinstance(value, float) else f"  {key:<24} {value}")
+    print("\nratios (pct_remote / pct_ssh):")
+    print(f"  per task inside a container   {fig['task_pct_remote_s'] / fig['task_pct_ssh_s']:6.2f}x")
+    print(f"  changed=0 rerun, 1 node       {fig['rerun_pct_remote_s'] / fig['rerun_pct_ssh_s']:6.2f}x")
+    print("goals:")
+    print(f"  rerun per node <= 15 s        {fig['rerun_pct_ssh_s']:6.1f} s")
+    print(f"  first container(s) <= 120 s   {fig['first_2ct_s']:6.1f} s for 2")
+    print(
+        f"  pct exec share of a task      {fig['ssh_pct_exec_s'] / fig['task_pct_ssh_s']:6.0%}"
+        f" (ssh alone {fig['ssh_kept_s']:.3f} s, lxc-attach alone {fig['lxc_attach_s']:.3f} s)"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(fig, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -9,8 +9,9 @@ cache as it is (a warm machine: run it after `make provision` or the suites). Fi
 - per-call cost of each layer under a task: lxc-attach on the machine (what pct exec does), one
   command over a kept SSH connection to the node, `pct exec` over that connection;
 - per-task cost inside a container (a playbook of N stat tasks minus one of 1), per transport;
-- first provision of 2 containers (warm machine, new transport), then the changed=0 rerun with each
-  transport, per node.
+- first provision of 2 containers (warm machine, new transport), then the changed=0 rerun: as it runs
+  by default (pct_ssh, the doctor's fast tier on an unchanged stack), and with the doctor in full over
+  each transport (pct_remote with the doctor in full is the rerun before both changes).
 """
 
 from __future__ import annotations
@@ -144,10 +145,21 @@ def main() -> None:
         runner("destroy.yml", cts, mlstack_destroy_confirm=True)
         print("provisioning 1 node x 2 containers (warm machine):", flush=True)
         fig["first_2ct_s"], _ = timed(runner, "provision.yml", cts, "first provision (pct_ssh)")
-        for name, transport in TRANSPORTS.items():
-            fig[f"rerun_{name}_s"], run = timed(
-                runner, "provision.yml", cts, f"rerun ({name})", gpu_container_connection=transport
-            )
+        # Today's rerun (pct_ssh, the doctor's fast tier standing in on an unchanged stack), then the
+        # doctor in full over each transport (the old rerun is pct_remote + full).
+        reruns = {
+            "pct_ssh_reuse": {"gpu_container_connection": TRANSPORTS["pct_ssh"]},
+            "pct_ssh_full": {
+                "gpu_container_connection": TRANSPORTS["pct_ssh"],
+                "mlstack_doctor_reuse_passed": False,
+            },
+            "pct_remote_full": {
+                "gpu_container_connection": TRANSPORTS["pct_remote"],
+                "mlstack_doctor_reuse_passed": False,
+            },
+        }
+        for name, extra in reruns.items():
+            fig[f"rerun_{name}_s"], run = timed(runner, "provision.yml", cts, f"rerun ({name})", **extra)
             fig[f"rerun_{name}_changed"] = run.changed()
         print("per call and per task:", flush=True)
         fig.update(layer_costs(tb, VMIDS[0], args.calls, work))
@@ -161,9 +173,11 @@ def main() -> None:
         print(f"  {key:<24} {value:8.3f}" if isinstance(value, float) else f"  {key:<24} {value}")
     print("\nratios (pct_remote / pct_ssh):")
     print(f"  per task inside a container   {fig['task_pct_remote_s'] / fig['task_pct_ssh_s']:6.2f}x")
-    print(f"  changed=0 rerun, 1 node       {fig['rerun_pct_remote_s'] / fig['rerun_pct_ssh_s']:6.2f}x")
+    old = fig["rerun_pct_remote_full_s"]
+    print(f"  changed=0 rerun, doctor full  {old / fig['rerun_pct_ssh_full_s']:6.2f}x")
+    print(f"  changed=0 rerun, old / today  {old / fig['rerun_pct_ssh_reuse_s']:6.2f}x")
     print("goals:")
-    print(f"  rerun per node <= 15 s        {fig['rerun_pct_ssh_s']:6.1f} s")
+    print(f"  rerun per node <= 15 s        {fig['rerun_pct_ssh_reuse_s']:6.1f} s")
     print(f"  first container(s) <= 120 s   {fig['first_2ct_s']:6.1f} s for 2")
     print(
         f"  pct exec share of a task      {fig['ssh_pct_exec_s'] / fig['task_pct_ssh_s']:6.0%}"

@@ -112,6 +112,9 @@ def write_testbed_json(gpu_nodes: list[str]) -> dict[str, Any]:
         "node": paths.NODE,
         "api_user": paths.API_USER,
         "api_password_file": str(paths.API_PASSWORD_FILE),
+        # The privilege-separated token the API server makes at start (least privilege).
+        "api_token_id": paths.API_TOKEN_ID,
+        "api_token_secret_file": str(paths.API_TOKEN_SECRET_FILE),
         "api_ca_file": str(paths.API_CERT),
         "ssh_host": paths.SSH_HOST,
         "ssh_port": paths.SSH_PORT,

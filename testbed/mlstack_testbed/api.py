@@ -15,6 +15,11 @@ async def serve(host: str, port: int) -> None:
     for note in pve.load():
         logging.info(note)
     pve.save()
+    # Tokens, roles and ACL as last saved; the testbed's own least-privilege token made when missing.
+    pve.load_access()
+    made = pve.ensure_provision_token()
+    if made:
+        logging.info(made)
     await pve.start(str(paths.API_CERT), str(paths.API_KEY))
     logging.info(
         "serving the PVE API on https://%s:%s (node %s, %d containers)", host, port, paths.NODE, len(pve.cts)

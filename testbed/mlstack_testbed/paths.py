@@ -59,6 +59,18 @@ TESTBED_DIR = Path(__file__).resolve().parent.parent
 REPO_DIR = TESTBED_DIR.parent
 
 
+# API access beyond the root@pam password login (PVE's user.cfg and priv/token.cfg): roles, tokens and
+# ACL entries in access.json; each token's secret alone in secrets/tokens/<user>/<token name> (0600).
+ACCESS_FILE = STATE_DIR / "access.json"
+TOKENS_DIR = SECRETS_DIR / "tokens"
+# The privilege-separated token `up` makes, granted only what the project's API calls need.
+API_TOKEN_NAME = "mlstack"
+API_TOKEN_ID = f"{API_USER}!{API_TOKEN_NAME}"
+API_TOKEN_SECRET_FILE = TOKENS_DIR / API_USER / API_TOKEN_NAME
+# pveam's catalogue index and its cache of the templates it built (debootstrap), one per suite.
+PVEAM_DIR = STATE_DIR / "pveam"
+
+
 def lxc_config_dir() -> str:
     """LXC's shipped config dir: /usr/share/lxc/config, or a private prefix's ($MLSTACK_LXC_CONFIG_DIR)."""
     return os.environ.get("MLSTACK_LXC_CONFIG_DIR") or "/usr/share/lxc/config"

@@ -67,6 +67,7 @@ def prepare() -> bool:
         ("pct", "pct", "main"),
         ("pveversion", "pct", "pveversion_main"),
         ("nvidia-smi", "nvsmi", "main"),
+        ("pveam", "pveam", "main"),
     ):
         script = paths.SBIN_DIR / name
         text = (

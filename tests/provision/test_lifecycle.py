@@ -62,9 +62,21 @@ def test_the_policy_gives_the_new_default_and_says_why(first_run: PlaybookRun) -
 
 
 def test_second_run_changes_nothing(first_run: PlaybookRun, run_playbook_module: Any) -> None:
+    report = REPO / "reports" / "doctor" / f"testbed-ct{VMID}.json"
+    first = json.loads(report.read_text())
     again = run_playbook_module("provision.yml", CT)
     assert again.rc == 0, again.output[-4000:]
     assert again.changed() == 0, again.changed_tasks()
+    # Nothing changed in the stack: the doctor ran its fast tier and carried the first run's other
+    # verdicts over, saying from when.
+    second = json.loads(report.read_text())
+    assert second["reused"]["from"] == first["started"], second.get("reused")
+    assert second["fingerprint"] == first["fingerprint"]
+    fresh = {p["name"] for p in second["probes"] if "reused_from" not in p["evidence"]}
+    carried = [p for p in second["probes"] if p["evidence"].get("reused_from") == first["started"]]
+    assert fresh == set(second["reused"]["fast_tier_probes"]) & {p["name"] for p in first["probes"]}
+    assert carried and [p["name"] for p in second["probes"]] == [p["name"] for p in first["probes"]]
+    assert second["summary"]["ok"] and second["tier"] == first["tier"]
 
 
 def test_verify_reruns_the_doctor_and_changes_nothing(
@@ -75,7 +87,10 @@ def test_verify_reruns_the_doctor_and_changes_nothing(
     result = run_playbook_module("verify.yml", CT)
     assert result.rc == 0, result.output[-4000:]
     assert result.changed() == 0, result.recap()
-    assert json.loads(report.read_text())["started"] != before
+    after = json.loads(report.read_text())
+    assert after["started"] != before
+    # verify.yml verifies: the tier in full, nothing carried over.
+    assert "reused" not in after and not [p for p in after["probes"] if "reused_from" in p["evidence"]]
     assert "Create the container" not in result.output
 
 

@@ -6,8 +6,9 @@ import argparse
 import os
 import sys
 import traceback
+from dataclasses import replace
 
-from mlstack_doctor import __version__, engine, profile, render
+from mlstack_doctor import __version__, engine, profile, render, reuse
 from mlstack_doctor.context import Context, Options
 from mlstack_doctor.engine import Probe
 from mlstack_doctor.files import write_atomic
@@ -120,6 +121,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="run only these probes (debugging: prerequisites that are not listed do not gate them)",
     )
+    p.add_argument(
+        "--reuse-passed",
+        metavar="REPORT",
+        default=None,
+        help="quick and full tiers: when REPORT (the last run's) passed at this tier on the same stack "
+        "fingerprint, run only the fast tier and carry the other verdicts over (a rerun on an "
+        "unchanged stack); anything else runs the tier in full",
+    )
+    p.add_argument(
+        "--reuse-max-age",
+        type=float,
+        default=24.0,
+        metavar="HOURS",
+        help="--reuse-passed: carry verdicts only from a run this recent (default 24)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--version", action="version", version=f"mlstack-doctor {__version__}")
     return p
@@ -198,14 +214,6 @@ def main(argv: list[str] | None = None) -> int:
         only=only,
         purpose=args.purpose,
     )
-    ctx = Context(opts)
-    started = render.now()
-    try:
-        results = engine.run(ctx, _progress(args.quiet), _done(args.quiet), _note(args.quiet))
-    except Exception:
-        sys.stderr.write("mlstack-doctor: internal error, cannot run:\n" + traceback.format_exc())
-        return EXIT_CANNOT_RUN
-    summary = engine.summarize(results)
     options = {
         "tier": args.tier,
         "expect_gpu": args.expect_gpu,
@@ -222,7 +230,32 @@ def main(argv: list[str] | None = None) -> int:
         "purpose": args.purpose,
         "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
     }
+    started = render.now()
+    try:
+        fp = reuse.fingerprint(options)
+        prev = (
+            reuse.reusable(args.reuse_passed, args.tier, fp, args.reuse_max_age)
+            if args.reuse_passed
+            else None
+        )
+        results = None
+        if prev is not None and not only:
+            fast = engine.run(Context(replace(opts, tier="fast")), _progress(args.quiet), _done(args.quiet))
+            if engine.summarize(fast)["ok"]:
+                since = reuse.original_run(prev)
+                _note(args.quiet)(f"stack unchanged since {since}: fast tier passed, other verdicts carried")
+                results = reuse.merge(fast, prev)
+        if results is None:
+            prev = None
+            results = engine.run(Context(opts), _progress(args.quiet), _done(args.quiet), _note(args.quiet))
+    except Exception:
+        sys.stderr.write("mlstack-doctor: internal error, cannot run:\n" + traceback.format_exc())
+        return EXIT_CANNOT_RUN
+    summary = engine.summarize(results)
     doc = render.report(args.tier, options, started, results, summary)
+    doc["fingerprint"] = fp
+    if prev is not None:
+        doc["reused"] = {"from": reuse.original_run(prev), "fast_tier_probes": list(engine.FAST_TIER)}
     if args.output:
         try:
             # Atomic: a second run of the doctor (a concurrent provision run) may write the same file.

@@ -1,0 +1,149 @@
+"""provision.yml with an API token instead of the password, against the testbed's API, which applies
+PVE's privilege rule to tokens. The testbed's own token (testbed.json: api_token_id, its secret in
+api_token_secret_file) is privilege-separated and granted only the privileges the README lists.
+
+1. That token provisions a container, a rerun changes nothing, destroy.yml removes it.
+2. A wrong secret stops the preflight with PVE's 401, without retrying, printing no secret, making nothing.
+3. A token lacking one of those privileges (made through the testbed's API, as `pveum` would) fails
+   the create with the 403 naming the path and the privilege, and nothing is created.
+
+The secrets reach Ansible through a file lookup (as a vault lookup would), never on a command line.
+Containers: vmids 940-942."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlstack_testbed import backend, paths, realct
+from playbook_runner import PlaybookRun, container
+from proxmoxer.core import ResourceException
+from tbhelpers import ct_exists, remove_ct
+
+
+def token_vars(token_id: str, secret_file: Path | str) -> dict[str, str]:
+    return {
+        "mlstack_pve_api_token_id": token_id,
+        "mlstack_pve_api_token_secret": f"{{{{ lookup('ansible.builtin.file', '{secret_file}') }}}}",
+        # Nothing to fall back on: the token alone must do.
+        "mlstack_pve_api_password": "",
+    }
+
+
+def secret_file(path: Path, secret: str) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secret + "\n")
+    return path
+
+
+def flat(run: PlaybookRun) -> str:
+    return " ".join(run.output.split())
+
+
+@pytest.fixture
+def testbed_token(testbed: Any) -> tuple[str, Path]:
+    info = json.loads((Path(testbed.state_dir) / "testbed.json").read_text())
+    return info["api_token_id"], Path(info["api_token_secret_file"])
+
+
+@pytest.fixture
+def ct(api: Any, testbed: Any, request: pytest.FixtureRequest) -> Iterator[int]:
+    """A vmid that is free before the test and removed after it (through the root login)."""
+    vmid = int(request.param)
+    remove_ct(api, testbed, vmid)
+    yield vmid
+    remove_ct(api, testbed, vmid)
+
+
+@pytest.mark.parametrize("ct", [940], indirect=True)
+def test_the_least_privilege_token_provisions_reruns_and_destroys(
+    run_playbook: Any, api: Any, testbed: Any, testbed_token: tuple[str, Path], ct: int
+) -> None:
+    token_id, secret_path = testbed_token
+    secret = secret_path.read_text().strip()
+    assert "!" in token_id and secret_path.stat().st_mode & 0o777 == 0o600
+    perms = api.access.permissions.get(userid=token_id)
+    assert not perms.get("/", {}).get("Sys.Modify"), "the testbed's token must not be an administrator"
+    creds = token_vars(token_id, secret_path)
+
+    first = run_playbook("provision.yml", [container(ct)], **creds)
+    assert first.rc == 0, first.output[-5000:]
+    config = api.nodes(testbed.node).lxc(ct).config.get()
+    assert "mlstack" in config.get("tags", "") and "dev0" in config and "mp0" in config
+    creates = [t for t in api.nodes(testbed.node).tasks.get(vmid=ct, limit=50) if t["type"] == "vzcreate"]
+    assert creates and creates[0]["user"] == token_id, creates
+    assert api.nodes(testbed.node).lxc(ct).status.current.get()["status"] == "running"
+
+    again = run_playbook("provision.yml", [container(ct)], **creds)
+    assert again.rc == 0, again.output[-5000:]
+    assert again.changed() == 0, again.changed_tasks()
+
+    gone = run_playbook("destroy.yml", [container(ct)], mlstack_destroy_confirm=True, **creds)
+    assert gone.rc == 0, gone.output[-5000:]
+    assert not ct_exists(api, testbed.node, ct) and not realct.ct_dir(ct).exists()
+    for run in (first, again, gone):
+        assert secret not in run.output
+
+
+@pytest.mark.parametrize("ct", [941], indirect=True)
+def test_a_wrong_secret_stops_the_preflight_with_pves_401(
+    run_playbook: Any, api: Any, testbed: Any, testbed_token: tuple[str, Path], ct: int, tmp_path: Path
+) -> None:
+    token_id, real_secret_path = testbed_token
+    wrong = "0badc0de-0000-4000-8000-00000000dead"
+    creds = token_vars(token_id, secret_file(tmp_path / "s", wrong))
+    result = run_playbook("provision.yml", [container(ct)], timeout=600, **creds)
+    text = flat(result)
+    assert result.rc != 0
+    assert "401 Unauthorized: invalid token value!" in text, result.output[-4000:]
+    assert f"The PVE API refused {token_id}" in text and "Nothing was changed." in text
+    # Early: in the preflight play, at once (a refused login is not retried), before any change.
+    assert "PLAY [Prepare the PVE nodes and create the containers]" not in result.output
+    assert "FAILED - RETRYING" not in result.output
+    assert result.changed() == 0, result.changed_tasks()
+    for secret in (wrong, real_secret_path.read_text().strip(), testbed.api_password):
+        assert secret not in result.output
+    assert not ct_exists(api, testbed.node, ct) and not realct.ct_dir(ct).exists()
+
+
+@pytest.fixture
+def lacking_token(api: Any, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A privilege-separated token of root@pam with every privilege the README lists but
+    VM.Config.Memory, on the same paths, made through the testbed's API as `pveum` does it."""
+    # Named per run: two runs of this suite on one testbed do not share the token.
+    role, name = f"MlstackLackingMemory{os.getpid()}", f"lacking{os.getpid()}"
+    token_id = f"{paths.API_USER}!{name}"
+    tokens = api.access.users(paths.API_USER).token
+    # Left over from an interrupted run with the same pid, or not there.
+    with contextlib.suppress(ResourceException):
+        tokens(name).delete()
+    with contextlib.suppress(ResourceException):
+        api.access.roles(role).delete()
+    privs = [p for p in backend.PROVISION_PRIVILEGES if p != "VM.Config.Memory"]
+    api.access.roles.post(roleid=role, privs=",".join(privs))
+    made = tokens(name).post(privsep=1, comment="test: lacks VM.Config.Memory")
+    for path in backend.PROVISION_ACL_PATHS:
+        api.access.acl.put(path=path, tokens=token_id, roles=role)
+    yield token_id, secret_file(tmp_path / "lacking", made["value"])
+    tokens(name).delete()
+    api.access.roles(role).delete()
+
+
+@pytest.mark.parametrize("ct", [942], indirect=True)
+def test_a_token_lacking_a_privilege_fails_with_the_403_naming_it(
+    run_playbook: Any, api: Any, testbed: Any, lacking_token: tuple[str, Path], ct: int
+) -> None:
+    token_id, secret_path = lacking_token
+    result = run_playbook("provision.yml", [container(ct)], timeout=900, **token_vars(token_id, secret_path))
+    assert result.rc != 0
+    assert f"403 Forbidden: Permission check failed (/vms/{ct}, VM.Config.Memory)" in flat(result), (
+        result.output[-4000:]
+    )
+    assert secret_path.read_text().strip() not in result.output
+    assert not ct_exists(api, testbed.node, ct) and not realct.ct_dir(ct).exists()

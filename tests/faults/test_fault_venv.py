@@ -10,6 +10,7 @@ that completes. Venvs live in the shared uv store (hard links from the cache), a
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -72,22 +73,33 @@ def build_lock_held(vmid: int, lock: str) -> Iterator[Callable[[], None]]:
     the venv's build lock until released. A build started meanwhile waits on the lock, so the test can
     act while the build step is surely running (a warm-cache `uv sync` is over in a second)."""
     release = f"{lock}.release"
-    holder = f"while [ ! -e {release} ]; do sleep 0.2; done"
-    r = ct_sh(
-        vmid,
-        f"rm -f {release}; setsid flock -n {lock} sh -c '{holder}' </dev/null >/dev/null 2>&1 & "
-        f"for i in $(seq 50); do flock -n {lock} true || exit 0; sleep 0.1; done; exit 1",
-    )
-    assert r.returncode == 0, f"could not hold {lock}: {r.stderr}"
+    ct_sh(vmid, f"rm -f {release}")
+    # In the foreground of its own lxc-attach, so nothing but the release ends it.
+    holder = subprocess.Popen(
+        ["lxc-attach", "-n", str(vmid), "--clear-env", "--", "flock", lock, "sh", "-c",
+         f"while [ ! -e {release} ]; do sleep 0.2; done"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
 
     def let_go() -> None:
         ct_sh(vmid, f"touch {release}")
 
     try:
+        held = wait_for(
+            lambda: ct_sh(vmid, f"flock -n {lock} true").returncode != 0 or holder.poll() is not None, 60, 0.2
+        )
+        assert held and holder.poll() is None, (
+            f"could not hold {lock}: {holder.stderr.read() if holder.stderr else ''}"
+        )
         yield let_go
     finally:
         let_go()
-        wait_for(lambda: ct_sh(vmid, f"flock -n {lock} true").returncode == 0, 30, 0.2)
+        try:
+            holder.wait(30)
+        except subprocess.TimeoutExpired:
+            holder.kill()
         ct_sh(vmid, f"rm -f {release}")
 
 

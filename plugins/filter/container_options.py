@@ -15,10 +15,15 @@ _NVIDIA_NODE = re.compile(r"^/dev/nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset|-caps/
 def selected_gpu_nodes(nodes: list[str], gpus: Any) -> list[str]:
     """Device nodes for `gpus` ('all', 'none' or a list of indices): the chosen GPUs plus the shared nodes."""
     nodes = sorted({n for n in nodes if _NVIDIA_NODE.match(n)}, key=_node_order)
-    if gpus in (None, "none", [], 0):
+    if gpus in (None, "none", []) or gpus is False:
         return []
     if gpus == "all":
         return nodes
+    if isinstance(gpus, int) and not isinstance(gpus, bool):
+        # `gpus: 0` reads as "GPU 0" to one person and "no GPUs" to another: neither is guessed.
+        raise AnsibleFilterError(
+            f"gpus: {gpus} is not a list: write [{gpus}] for GPU {gpus}, or none for no GPU"
+        )
     if not isinstance(gpus, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in gpus):
         raise AnsibleFilterError(f"gpus must be 'all', 'none' or a list of GPU indices, not {gpus!r}")
     present = {int(m.group(1)) for n in nodes if (m := _GPU_NODE.match(n))}

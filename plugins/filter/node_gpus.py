@@ -20,7 +20,7 @@ def nvidia_smi_gpus(text: str) -> list[dict[str, Any]]:
 
 def gpus_of(gpus: list[dict[str, Any]], selection: Any) -> list[dict[str, Any]]:
     """The GPUs a container gets from its `gpus` (all, none, or a list of indices)."""
-    if selection in (None, "none", 0, []) or selection is False:
+    if selection in (None, "none", []) or selection is False:
         return []
     if selection == "all":
         return list(gpus)

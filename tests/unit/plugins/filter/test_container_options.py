@@ -21,6 +21,7 @@ NODES = [
     [
         ("none", []),
         ([], []),
+        (False, []),
         (
             "all",
             [
@@ -56,6 +57,12 @@ def test_only_nvidia_nodes_are_ever_selected() -> None:
 @pytest.mark.parametrize("gpus", [[7], "some", [True], ["0"]])
 def test_bad_gpu_selection_is_refused(gpus: object) -> None:
     with pytest.raises(AnsibleFilterError):
+        f.selected_gpu_nodes(NODES, gpus)
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_a_bare_index_is_refused_saying_how_to_write_it(gpus: int) -> None:
+    with pytest.raises(AnsibleFilterError, match=rf"write \[{gpus}\] for GPU {gpus}, or none for no GPU"):
         f.selected_gpu_nodes(NODES, gpus)
 
 

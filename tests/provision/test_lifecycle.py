@@ -92,6 +92,12 @@ def test_verify_reruns_the_doctor_and_changes_nothing(
     # verify.yml verifies: the tier in full, nothing carried over.
     assert "reused" not in after and not [p for p in after["probes"] if "reused_from" in p["evidence"]]
     assert "Create the container" not in result.output
+    # The drift view: compared with the report the second provision wrote, the stack is the same.
+    fleet = json.loads((REPO / "reports" / "fleet.json").read_text())
+    assert fleet["drift"]["since"] and fleet["drift"]["unusable"] is None
+    changes = fleet["drift"]["containers"][f"testbed-ct{VMID}"]
+    assert not [c for c in changes if c.split(":")[0] in ("profile", "torch", "triton", "fla-core")], changes
+    assert "## Since the last report" in (REPO / "reports" / "fleet.md").read_text()
 
 
 def test_destroy_refuses_without_confirmation(

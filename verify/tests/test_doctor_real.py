@@ -351,3 +351,16 @@ def test_warm_and_stress_passes_run_for_real_on_cpu(torch_venv: Path, tmp_path: 
         cold = res.data["cold"]
         assert cold["errors"] == [] and cold["backward_errors"] == [] and len(cold["rounds"]) == 2
         assert res.data["threads"] == 3 and "after_warmup" not in res.data
+
+
+def test_triton_cache_root_points_at_the_running_venvs_cache(tmp_path: Path) -> None:
+    # Provisioning lays caches out as <root>/<venv name>; the doctor resolves its own venv's name, links
+    # followed, as the role and the scheduled runs would otherwise have to.
+    venv_name = os.path.basename(os.path.realpath(sys.prefix))
+    run = run_doctor(
+        "--no-gpu", "--only", "triton_cache_dir", "--triton-cache-root", str(tmp_path / "triton"),
+        env=doctor_env({"TRITON_CACHE_DIR": "/nonexistent/ignored"}),
+    )  # fmt: skip
+    assert run.rc == 0, run.stderr
+    assert run.report["options"]["triton_cache_dir"] == str(tmp_path / "triton" / venv_name)
+    assert (tmp_path / "triton" / venv_name).is_dir()

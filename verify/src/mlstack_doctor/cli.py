@@ -8,7 +8,7 @@ import sys
 import traceback
 from dataclasses import replace
 
-from mlstack_doctor import __version__, engine, profile, render, reuse
+from mlstack_doctor import __version__, engine, metrics, profile, render, reuse
 from mlstack_doctor.context import Context, Options
 from mlstack_doctor.engine import Probe
 from mlstack_doctor.files import write_atomic
@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout (no table)")
     p.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")
+    p.add_argument(
+        "--metrics",
+        metavar="FILE",
+        help="also write Prometheus metrics to FILE (node_exporter textfile collector; the latest run "
+        "of each tier is kept)",
+    )
     p.add_argument("--threads", type=int, default=4, help="stress tier: threads over the GPUs (default 4)")
     p.add_argument(
         "--seq-len",
@@ -106,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("shared", "fresh"),
         default="shared",
         help="stress tier: the TRITON_CACHE_DIR training uses (default) or a fresh empty cache",
+    )
+    p.add_argument(
+        "--triton-cache-root",
+        metavar="DIR",
+        help="set TRITON_CACHE_DIR to DIR/<name of the venv this doctor runs in, links resolved>: the cache "
+        "of the active venv, as provisioning lays it out",
     )
     p.add_argument("--rewarm", action="store_true", help="warm tier: warm even when the cache key is warm")
     p.add_argument(
@@ -192,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.warm_layers is not None and args.warm_layers < 0:
         sys.stderr.write("mlstack-doctor: cannot run: --warm-layers must be >= 0\n")
         return EXIT_CANNOT_RUN
+    if args.triton_cache_root:
+        # Set before anything reads it: the probes and the workers they start inherit it.
+        venv_name = os.path.basename(os.path.realpath(sys.prefix))
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(args.triton_cache_root, venv_name)
     names = {p.name for p in engine.PROBES}
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     if only and not set(only) <= names:
@@ -262,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
             write_atomic(args.output, render.json_text(doc))
         except OSError as exc:
             sys.stderr.write(f"mlstack-doctor: cannot write {args.output}: {exc}\n")
+            return EXIT_CANNOT_RUN
+    if args.metrics:
+        try:
+            metrics.write(args.metrics, doc)
+        except OSError as exc:
+            sys.stderr.write(f"mlstack-doctor: cannot write {args.metrics}: {exc}\n")
             return EXIT_CANNOT_RUN
     if args.json:
         render.write_json(doc, sys.stdout)

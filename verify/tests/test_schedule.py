@@ -1,0 +1,190 @@
+"""The doctor's schedule (python -m mlstack_doctor.schedule): files written only where they differ, stale
+tiers removed with the metrics file, timers enabled, started or restarted as needed, and what changed
+said as JSON. systemctl is the boundary stubbed here; tests/provision/test_monitor.py runs it under a
+container's real systemd."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from doctor_testlib import SRC
+from mlstack_doctor import schedule
+
+
+class FakeSystemd:
+    """systemctl's answers for the units it was told about: enabled and active sets."""
+
+    def __init__(self) -> None:
+        self.enabled: set[str] = set()
+        self.active: set[str] = set()
+        self.calls: list[tuple[str, ...]] = []
+
+    def __call__(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        args = tuple(args)
+        self.calls.append(args)
+        verb, units = args[0], [a for a in args[1:] if not a.startswith("--")]
+        rc = 0
+        if verb == "is-enabled":
+            rc = 0 if units[0] in self.enabled else 1
+        elif verb == "is-active":
+            rc = 0 if units[0] in self.active else 3
+        elif verb == "enable":
+            self.enabled.update(units)
+        elif verb in ("start", "restart"):
+            self.active.update(units)
+        elif verb == "disable":
+            self.enabled.difference_update(units)
+            if "--now" in args:
+                self.active.difference_update(units)
+        return subprocess.CompletedProcess(args, rc, "", "")
+
+    def verbs(self) -> list[str]:
+        return [" ".join(c) for c in self.calls if c[0] not in ("is-enabled", "is-active")]
+
+
+def raw_spec(root: Path, daily: str = "quick", **settings: Any) -> dict[str, Any]:
+    return {
+        "script": str(root / "sbin/mlstack-doctor-monitor"),
+        "unit_dir": str(root / "units"),
+        "metrics_dir": str(root / "metrics"),
+        "settings": {"venv": "/opt/mlstack/venv", "model": "tiny", "expect_gpu": True, **settings},
+        "runs": [
+            {"tier": "fast", "timeout_s": 300, "every_min": 5},
+            {"tier": daily, "timeout_s": "3600", "every_min": 0, "calendar": "*-*-* 03:00:00"},
+        ],
+    }
+
+
+@pytest.fixture
+def systemd() -> FakeSystemd:
+    return FakeSystemd()
+
+
+def test_first_apply_writes_everything_and_starts_the_timers(tmp_path: Path, systemd: FakeSystemd) -> None:
+    done = schedule.apply(schedule.parse_spec(raw_spec(tmp_path)), systemd)
+    units = sorted(p.name for p in (tmp_path / "units").iterdir())
+    assert units == [
+        "mlstack-doctor-fast.service",
+        "mlstack-doctor-fast.timer",
+        "mlstack-doctor-quick.service",
+        "mlstack-doctor-quick.timer",
+    ]
+    assert systemd.enabled == systemd.active == {"mlstack-doctor-fast.timer", "mlstack-doctor-quick.timer"}
+    assert "daemon-reload" in systemd.verbs()
+    assert f"wrote {tmp_path / 'sbin/mlstack-doctor-monitor'}" in done
+    script = tmp_path / "sbin/mlstack-doctor-monitor"
+    assert script.stat().st_mode & 0o777 == 0o755
+    fast = (tmp_path / "units/mlstack-doctor-fast.timer").read_text()
+    assert "OnUnitActiveSec=5min" in fast and "OnCalendar" not in fast
+    daily = (tmp_path / "units/mlstack-doctor-quick.timer").read_text()
+    assert "OnCalendar=*-*-* 03:00:00" in daily and "Persistent=true" in daily
+    service = (tmp_path / "units/mlstack-doctor-quick.service").read_text()
+    assert f"ExecStart={script} quick 3600" in service and "TimeoutStartSec=3660" in service
+
+
+def test_a_second_apply_changes_nothing(tmp_path: Path, systemd: FakeSystemd) -> None:
+    spec = schedule.parse_spec(raw_spec(tmp_path))
+    schedule.apply(spec, systemd)
+    systemd.calls.clear()
+    assert schedule.apply(spec, systemd) == []
+    assert systemd.verbs() == []  # only is-enabled / is-active were asked
+
+
+def test_a_stopped_timer_is_started_again(tmp_path: Path, systemd: FakeSystemd) -> None:
+    spec = schedule.parse_spec(raw_spec(tmp_path))
+    schedule.apply(spec, systemd)
+    systemd.active.discard("mlstack-doctor-fast.timer")
+    assert schedule.apply(spec, systemd) == ["started mlstack-doctor-fast.timer"]
+
+
+def test_a_changed_schedule_restarts_only_its_timer(tmp_path: Path, systemd: FakeSystemd) -> None:
+    raw = raw_spec(tmp_path)
+    schedule.apply(schedule.parse_spec(raw), systemd)
+    raw["runs"][0]["every_min"] = 10
+    done = schedule.apply(schedule.parse_spec(raw), systemd)
+    assert "restarted mlstack-doctor-fast.timer" in done
+    assert not [d for d in done if "quick" in d]
+    assert "OnUnitActiveSec=10min" in (tmp_path / "units/mlstack-doctor-fast.timer").read_text()
+
+
+def test_another_daily_tier_replaces_old_units_and_metrics(tmp_path: Path, systemd: FakeSystemd) -> None:
+    schedule.apply(schedule.parse_spec(raw_spec(tmp_path)), systemd)
+    prom = tmp_path / "metrics/doctor.prom"
+    prom.write_text('mlstack_doctor_ok{tier="quick"} 1\n')
+    done = schedule.apply(schedule.parse_spec(raw_spec(tmp_path, daily="full")), systemd)
+    assert sorted(p.name for p in (tmp_path / "units").iterdir()) == [
+        "mlstack-doctor-fast.service",
+        "mlstack-doctor-fast.timer",
+        "mlstack-doctor-full.service",
+        "mlstack-doctor-full.timer",
+    ]
+    assert "disable --now mlstack-doctor-quick.timer" in systemd.verbs()
+    assert "mlstack-doctor-quick.timer" not in systemd.enabled | systemd.active
+    assert not prom.exists() and f"removed {prom}" in done
+
+
+def test_remove_takes_everything_away_then_has_nothing_to_do(tmp_path: Path, systemd: FakeSystemd) -> None:
+    spec = schedule.parse_spec(raw_spec(tmp_path))
+    schedule.apply(spec, systemd)
+    (tmp_path / "metrics/doctor.prom").write_text("x 1\n")
+    (tmp_path / "metrics/doctor-fast.json").write_text("{}")
+    done = schedule.remove(spec, systemd)
+    assert list((tmp_path / "units").iterdir()) == []
+    assert not (tmp_path / "sbin/mlstack-doctor-monitor").exists()
+    assert not systemd.enabled and not systemd.active
+    assert [p.name for p in (tmp_path / "metrics").iterdir()] == ["doctor-fast.json"]  # reports stay
+    assert len(done) == 6
+    assert schedule.remove(spec, systemd) == []
+
+
+def test_the_script_carries_its_settings_quoted(tmp_path: Path) -> None:
+    raw = raw_spec(tmp_path, model="/models/it's here", expect_gpu=False, when_busy="yes")
+    spec = schedule.parse_spec(raw)
+    text = schedule.render_script(spec)
+    assert text.startswith("#!/bin/sh\n")
+    assert "model='/models/it'\"'\"'s here'" in text
+    assert "expect_gpu=no" in text and "when_busy=yes" in text
+    assert f"metrics_dir={tmp_path / 'metrics'}" in text
+    # The settings are read by the body: sh -n parses the whole script.
+    script = tmp_path / "m.sh"
+    script.write_text(text)
+    r = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(["sh", str(script)], capture_output=True, text=True, check=False)
+    assert r.returncode == 2 and "usage:" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda r: r.pop("runs"), "lacks runs"),
+        (lambda r: r["runs"][1].update(tier="fast"), "a tier of its own"),
+        (lambda r: r["runs"][0].update(tier="Fast; rm"), "lower-case word"),
+        (lambda r: r["runs"][0].update(timeout_s=0), "timeout_s must be a whole number >= 1"),
+        (lambda r: r["runs"][1].update(calendar="daily\nExecStart=/bin/evil"), "OnCalendar expression"),
+        (lambda r: r["settings"].update(colour="red"), "unknown settings: colour"),
+    ],
+)
+def test_a_bad_spec_is_refused_saying_why(tmp_path: Path, change: Any, says: str) -> None:
+    raw = raw_spec(tmp_path)
+    change(raw)
+    with pytest.raises(ValueError, match=says):
+        schedule.parse_spec(raw)
+
+
+def test_the_command_prints_what_changed_and_exits_2_on_a_bad_spec(tmp_path: Path) -> None:
+    env_cmd = [sys.executable, "-m", "mlstack_doctor.schedule"]
+    env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}
+    bad = subprocess.run([*env_cmd, "apply", "{}"], capture_output=True, text=True, env=env, check=False)
+    assert bad.returncode == 2 and "bad spec: the spec lacks script" in bad.stderr
+    # remove with nothing scheduled touches no systemd: it runs here as it would in a fresh container.
+    remove = [*env_cmd, "remove", json.dumps(raw_spec(tmp_path))]
+    r = subprocess.run(remove, capture_output=True, text=True, env=env, check=False)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"changed": False, "actions": []}

@@ -119,10 +119,13 @@ display = Display()
 
 # OpenSSH exits 255 for its own failures; a command in the container may too, so 255 counts as the
 # connection's failure only when ssh says so.
+# A kept connection that dies under a running command ends it with "Connection to HOST closed by
+# remote host." (the node or the path went away) or "Timeout, server HOST not responding." (the
+# keepalives below went unanswered): the connection's failures too, never the command's exit status.
 SSH_FAILURE = re.compile(
     rb"^(ssh: |kex_exchange_identification|Connection (closed|reset|timed out)|Host key verification failed"
     rb"|.*Permission denied \(|.*REMOTE HOST IDENTIFICATION HAS CHANGED|No ED25519 host key is known"
-    rb"|Control socket connect)",
+    rb"|Control socket connect|Connection to \S+ closed|Timeout, server \S+ not responding|mux_client_)",
     re.M,
 )
 
@@ -152,6 +155,9 @@ class Connection(ConnectionBase):
             "-o", f"ControlPersist={self.get_option('persist_seconds')}",
             "-o", f"ControlPath={control_dir}/%C",
             "-o", f"ConnectTimeout={self.get_option('timeout')}",
+            # A path that drops silently (no FIN, no RST) is noticed within 15 s, not at TCP's timeout.
+            "-o", "ServerAliveInterval=5",
+            "-o", "ServerAliveCountMax=3",
             "-p", str(self.get_option("port")),
             "-l", self.get_option("remote_user"),
         ]  # fmt: skip

@@ -141,10 +141,12 @@ def test_ssh_link_killed_during_venv_build(
     assert cut.rc != 0
     assert "UNREACHABLE!" in cut.output, cut.output[-3000:]
     assert "Build the venv from the lock" in cut.output.split("UNREACHABLE!")[0].rsplit("TASK [", 1)[-1]
-    # OpenSSH's words (mlstack.pve.pct_ssh), or paramiko's (community.proxmox.proxmox_pct_remote).
+    # OpenSSH's words (mlstack.pve.pct_ssh: a new connection refused, or the kept one closed under a
+    # command), or paramiko's (community.proxmox.proxmox_pct_remote).
     said = one_line(cut.output)
     assert (
         f"connect to host 127.0.0.1 port {link.port}" in said
+        or f"SSH to node 127.0.0.1 port {link.port} failed: Connection to 127.0.0.1 closed" in said
         or f"Unable to connect to port {link.port} on 127.0.0.1" in said
     ), cut.output[-3000:]
     assert time.monotonic() - cut_at < 120, "the run did not notice the link was gone"

@@ -192,11 +192,13 @@ class Connection(ConnectionBase):
         )
         out = proc.stdout if isinstance(proc.stdout, bytes) else b""
         if proc.returncode == 255 and SSH_FAILURE.search(proc.stderr or b""):
-            raise AnsibleConnectionFailure(
-                f"SSH to node {self.get_option('remote_addr')} port {self.get_option('port')} failed: "
-                + to_text(proc.stderr, errors="surrogate_or_replace").strip()
-            )
+            raise self._node_failure(to_text(proc.stderr, errors="surrogate_or_replace").strip())
         return proc.returncode, out, proc.stderr
+
+    def _node_failure(self, why: str) -> AnsibleConnectionFailure:
+        return AnsibleConnectionFailure(
+            f"SSH to node {self.get_option('remote_addr')} port {self.get_option('port')} failed: {why}"
+        )
 
     def exec_command(
         self, cmd: str, in_data: bytes | None = None, sudoable: bool = True
@@ -221,7 +223,23 @@ class Connection(ConnectionBase):
             raise AnsibleConnectionFailure(f"failed to read {in_path} in container: {to_text(err).strip()}")
 
     def reset(self) -> None:
-        """The control master is the node's, shared with other containers: nothing to reset here."""
+        """Reach the node again: the kept connection is reused or made anew (it is the node's, shared with
+        other containers). Ansible calls this when a poll of an async task raised; a node that cannot be
+        reached fails here as the connection's failure, so the task is unreachable at once instead of
+        polling a dead link until its time limit."""
+        argv = self._ssh_argv("true")
+        try:
+            proc = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=int(self.get_option("timeout")) + 15,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise self._node_failure(f"no answer within {exc.timeout:.0f} s") from exc
+        if proc.returncode == 255 and SSH_FAILURE.search(proc.stderr or b""):
+            raise self._node_failure(to_text(proc.stderr, errors="surrogate_or_replace").strip())
 
     def close(self) -> None:
         self._connected = False

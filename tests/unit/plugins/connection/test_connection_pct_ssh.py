@@ -94,3 +94,33 @@ def test_exit_255_is_the_connections_only_when_ssh_says_so(
             conn.exec_command("exit 255")
     else:
         assert conn.exec_command("exit 255") == (255, b"out", stderr)
+
+
+def test_reset_reaches_the_node_again_or_fails_as_the_connection(
+    conn: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ansible calls reset() when a poll of an async task raised: a node still reachable lets it poll
+    # again; one that is not ends the task as unreachable instead of polling until its time limit.
+    calls: list[list[str]] = []
+
+    def answer(rc: int, stderr: bytes) -> Any:
+        def run(argv: list[str], **_: Any) -> Answer:
+            calls.append(argv)
+            return Answer(rc, stderr)
+
+        return run
+
+    monkeypatch.setattr(subprocess, "run", answer(0, b""))
+    conn.reset()
+    assert calls[-1][-1] == "true" and "pct" not in calls[-1][-1]
+    refused = b"ssh: connect to host node1.example port 2222: Connection refused\r\n"
+    monkeypatch.setattr(subprocess, "run", answer(255, refused))
+    with pytest.raises(AnsibleConnectionFailure, match=r"node1\.example port 2222 failed: ssh: connect"):
+        conn.reset()
+
+    def hang(argv: list[str], **kw: Any) -> Answer:
+        raise subprocess.TimeoutExpired(argv, kw["timeout"])
+
+    monkeypatch.setattr(subprocess, "run", hang)
+    with pytest.raises(AnsibleConnectionFailure, match=r"no answer within \d+ s"):
+        conn.reset()

@@ -12,8 +12,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from . import daemons, gpu, host_setup, nvsmi, paths, realct, rootfs, sshd
-from .proc import say
+from . import controller, daemons, gpu, host_setup, nvsmi, paths, realct, rootfs, sshd
+from .proc import report_up, say
 
 API_MARKER = "mlstack_testbed.api"
 CERT_MIN_DAYS = 3
@@ -191,11 +191,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         pid = start_api()
         done.append(f"API pid {pid}")
     write_testbed_json(nodes)
-    for item in already:
-        print(f"already up: {item}")
-    for item in done:
-        print(f"started/made: {item}")
-    print(f"testbed up in {time.monotonic() - t0:.1f} s; connection info in {paths.TESTBED_JSON}")
+    report_up(
+        already, done, f"testbed up in {time.monotonic() - t0:.1f} s; connection info in {paths.TESTBED_JSON}"
+    )
     return 0
 
 
@@ -327,9 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--json", action="store_true")
     down = sub.add_parser("down", help="stop what the testbed started (by PID)")
     down.add_argument("--purge", action="store_true", help="also destroy its containers, template and state")
+    ctl = sub.add_parser(
+        "controller", help="a second Ansible controller, ansible-core 2.21 (testbed/README.md): up|run|down"
+    )
+    controller.add_arguments(ctl)
     args = parser.parse_args(argv)
+    commands = {"up": cmd_up, "status": cmd_status, "down": cmd_down, "controller": controller.cmd}
     try:
-        return {"up": cmd_up, "status": cmd_status, "down": cmd_down}[args.cmd](args)
+        return commands[args.cmd](args)
     except RuntimeError as e:
         say(f"error: {e}")
         return 1

@@ -55,3 +55,12 @@ def _text(data: bytes | str | None) -> str:
 def say(msg: str) -> None:
     """Progress for the human running the testbed (stderr, unbuffered)."""
     print(f"testbed: {msg}", file=sys.stderr, flush=True)
+
+
+def report_up(already: list[str], done: list[str], summary: str) -> None:
+    """What an idempotent `up` found in place and what it started or made, then its one-line summary."""
+    for item in already:
+        print(f"already up: {item}")
+    for item in done:
+        print(f"started/made: {item}")
+    print(summary)

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,9 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-VENV_BIN = REPO / ".venv" / "bin"
+# The Ansible of the interpreter running the tests: .venv's (ansible-core 2.19), or the 2.21 controller's
+# under `make test-core221`.
+VENV_BIN = Path(sys.executable).parent
 
 
 @dataclass

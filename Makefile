@@ -44,10 +44,10 @@ test: lint testbed
 
 # Provisioning again with ansible-core 2.21 (ansible 14.x, community.proxmox 2.x), which needs Python >= 3.12:
 # the machine's python3 on Debian 13, a Debian trixie controller container on Debian 12 (testbed/README.md).
-# `make test` runs the lifecycle (create, rerun with changed=0, verify, destroy) there, within CI's time;
-# the whole provisioning suite: make test-core221 CORE221_TESTS="tests/provision --deselect
-# tests/provision/test_readme_commands.py" (README's own commands run .venv's Ansible, 2.19, only).
-CORE221_TESTS ?= tests/provision/test_lifecycle.py
+# `make test` runs the lifecycle (create, rerun with changed=0, verify, destroy), API tokens and bad input
+# there, within CI's time; the whole provisioning suite: make test-core221 CORE221_TESTS="tests/provision
+# --deselect tests/provision/test_readme_commands.py" (README's own commands run .venv's Ansible, 2.19, only).
+CORE221_TESTS ?= tests/provision/test_lifecycle.py tests/provision/test_api_token.py tests/provision/test_bad_input.py
 test-core221: testbed
 	testbed/testbed controller up
 	testbed/testbed controller run -- ansible --version

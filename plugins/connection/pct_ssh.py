@@ -181,15 +181,30 @@ class Connection(ConnectionBase):
         display.vvv(
             f"PCT_SSH {self.get_option('vmid')}: {shlex.join(argv)}", host=self.get_option("remote_addr")
         )
+        return self._ssh(argv, stdin, stdout)
+
+    def _ssh(
+        self,
+        argv: list[str],
+        stdin: bytes | IO[bytes] | None = None,
+        stdout: Any = subprocess.PIPE,
+        timeout: float | None = None,
+    ) -> tuple[int, bytes, bytes]:
+        """Run ssh; its own failures (exit 255 with ssh's words, or no answer within `timeout`) are the
+        connection's, anything else is the remote command's result."""
         data = stdin if isinstance(stdin, bytes) else None
-        proc = subprocess.run(
-            argv,
-            input=data,
-            stdin=None if data is not None else (stdin or subprocess.DEVNULL),
-            stdout=stdout,
-            stderr=subprocess.PIPE,
-            check=False,
-        )
+        try:
+            proc = subprocess.run(
+                argv,
+                input=data,
+                stdin=None if data is not None else (stdin or subprocess.DEVNULL),
+                stdout=stdout,
+                stderr=subprocess.PIPE,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise self._node_failure(f"no answer within {exc.timeout:.0f} s") from exc
         out = proc.stdout if isinstance(proc.stdout, bytes) else b""
         if proc.returncode == 255 and SSH_FAILURE.search(proc.stderr or b""):
             raise self._node_failure(to_text(proc.stderr, errors="surrogate_or_replace").strip())
@@ -227,19 +242,7 @@ class Connection(ConnectionBase):
         other containers). Ansible calls this when a poll of an async task raised; a node that cannot be
         reached fails here as the connection's failure, so the task is unreachable at once instead of
         polling a dead link until its time limit."""
-        argv = self._ssh_argv("true")
-        try:
-            proc = subprocess.run(
-                argv,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=int(self.get_option("timeout")) + 15,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise self._node_failure(f"no answer within {exc.timeout:.0f} s") from exc
-        if proc.returncode == 255 and SSH_FAILURE.search(proc.stderr or b""):
-            raise self._node_failure(to_text(proc.stderr, errors="surrogate_or_replace").strip())
+        self._ssh(self._ssh_argv("true"), timeout=int(self.get_option("timeout")) + 15)
 
     def close(self) -> None:
         self._connected = False

@@ -74,6 +74,7 @@ def test_reports_and_changes_only_when_it_warmed(
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert f"changed={changed}" in proc.stdout and says in proc.stdout
     assert "--tier warm" in argv and "--seq-len 2048 --batch-size 1" in argv and "--no-gpu" not in argv
+    assert f"--triton-cache-root {tmp_path / 'cache'}" in argv
 
 
 def test_without_gpu_skips_with_its_reason_and_runs_nothing(tmp_path: Path) -> None:

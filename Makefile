@@ -19,7 +19,7 @@ $(VENV)/.done: requirements-controller.txt requirements-controller.lock verify/p
 venv: $(VENV)/.done
 
 testbed: venv
-	testbed/testbed up --gpu-nodes 2
+	testbed/testbed up --gpu-nodes 2 --nodes 3
 
 # Command 1: a real container on the testbed, provisioned and verified.
 provision: testbed
@@ -36,17 +36,19 @@ lint: venv
 unit: venv
 	pytest -q verify/tests tests/unit
 
-# Command 2: lint, unit tests, then the suites that run on the real testbed.
+# Command 2: lint, then every suite (unit, the testbed's, molecule, ansible-core 2.21's provisioning) as
+# steps of tests/lanes.py: side by side where they only wait on I/O, each on its own vmids and reports/;
+# progress on the console, each step's log and --durations in build/test-lanes/. MLSTACK_TEST_LANES=1
+# runs them one after the other.
 test: lint testbed
-	pytest -q --durations=30 verify/tests tests
-	molecule test -s default
-	$(MAKE) test-core221
+	CORE221_TESTS="$(CORE221_TESTS)" $(PY) tests/lanes.py
 
 # Provisioning again with ansible-core 2.21 (ansible 14.x, community.proxmox 2.x), which needs Python >= 3.12:
 # the machine's python3 on Debian 13, a Debian trixie controller container on Debian 12 (testbed/README.md).
 # `make test` runs the lifecycle (create, rerun with changed=0, verify, destroy), API tokens and bad input
 # there, within CI's time; the whole provisioning suite: make test-core221 CORE221_TESTS="tests/provision
 # --deselect tests/provision/test_readme_commands.py" (README's own commands run .venv's Ansible, 2.19, only).
+# `make test` runs the same as its steps core221-controller and core221-<file> (tests/lanes.py).
 CORE221_TESTS ?= tests/provision/test_lifecycle.py tests/provision/test_api_token.py tests/provision/test_bad_input.py
 test-core221: testbed
 	testbed/testbed controller up

@@ -50,11 +50,20 @@ def _probe(report: dict[str, Any], name: str) -> dict[str, Any]:
     return next((p for p in report.get("probes") or [] if p.get("name") == name), {})
 
 
-def seen_stack(report: dict[str, Any] | None) -> dict[str, str]:
+def seen_stack(report: dict[str, Any] | None, userspace: dict[str, Any] | None = None) -> dict[str, str]:
     """What a doctor report saw of the stack: package versions, the node's driver (kernel module) and
-    the container's libcuda. A key is absent where the run did not see it (a skipped probe)."""
-    if not report:
-        return {}
+    the container's libcuda. A key is absent where the run did not see it (a skipped probe). Where the
+    doctor did not see the driver or libcuda (--no-gpu skips its driver probe), the driver userspace
+    check's reading (`userspace`, driver_userspace's record) stands in."""
+    seen = _doctor_seen(report) if report else {}
+    check = userspace or {}
+    for key, field in (("driver", "node"), ("libcuda", "libcuda")):
+        if key not in seen and check.get(field):
+            seen[key] = str(check[field])
+    return seen
+
+
+def _doctor_seen(report: dict[str, Any]) -> dict[str, str]:
     packages = _probe(report, "package_versions").get("evidence") or {}
     installed = {
         **(_probe(report, "torch_triton_pin").get("evidence") or {}),

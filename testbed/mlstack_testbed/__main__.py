@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from . import controller, daemons, gpu, host_setup, nvsmi, paths, realct, rootfs, sshd
+from . import controller, daemons, gpu, host_setup, nodes, nvdriver, nvsmi, paths, realct, rootfs, sshd
 from .proc import report_up, say
 
 API_MARKER = "mlstack_testbed.api"
@@ -104,7 +104,7 @@ def start_api() -> int:
 # ----------------------------------------------------------------------- testbed.json
 
 
-def write_testbed_json(gpu_nodes: list[str]) -> dict[str, Any]:
+def write_testbed_json(gpu_nodes: list[str], cluster: list[nodes.Node]) -> dict[str, Any]:
     data = {
         "schema_version": 1,
         "api_host": paths.API_HOST,
@@ -127,7 +127,10 @@ def write_testbed_json(gpu_nodes: list[str]) -> dict[str, Any]:
         "host_bridge": paths.HOST_BRIDGE,
         "gpu_nodes": gpu_nodes,
         "gpu_model": nvsmi.current(),
+        "driver_version": nvdriver.current(),
         "state_dir": str(paths.STATE_DIR),
+        # The cluster's PVE nodes (the first is the one above), each its own SSH address and pct.
+        "nodes": [{"name": n.name, "ssh_host": n.ssh_host, "ssh_port": n.ssh_port} for n in cluster],
     }
     tmp = paths.TESTBED_JSON.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
@@ -139,11 +142,55 @@ def write_testbed_json(gpu_nodes: list[str]) -> dict[str, Any]:
 # ------------------------------------------------------------------------- commands
 
 
+def refuse_dropping_busy_nodes(previous: list[nodes.Node], cluster: list[nodes.Node]) -> None:
+    """Fewer nodes than before: only when the nodes left out hold no container (PVE, too, removes a node
+    from its cluster only once its guests are gone)."""
+    dropped = {n.name for n in previous[len(cluster) :]}
+    if not dropped or not paths.API_STATE.is_file():
+        return
+    held = [
+        f"CT {c['vmid']} on {c['node']}"
+        for c in json.loads(paths.API_STATE.read_text()).get("cts", [])
+        if c.get("node") in dropped
+    ]
+    if held:
+        raise RuntimeError(
+            f"--nodes {len(cluster)} would drop {', '.join(sorted(dropped))}, which still hold(s) "
+            f"{', '.join(held)}: destroy those first, or keep --nodes {len(previous)}"
+        )
+
+
+def ensure_node_sshd(node: nodes.Node, done: list[str], already: list[str]) -> None:
+    """The node's sshd running with its current stand-ins, and its host key pinned on the machine."""
+    scripts_changed = sshd.prepare(node)
+    if host_setup.install_known_host(sshd.known_hosts_line(node)):
+        done.append(f"host key of {node.name} pinned in {paths.SYSTEM_KNOWN_HOSTS}")
+    pid = sshd.running(node)
+    if pid and scripts_changed:
+        say(f"restarting sshd of {node.name} (its /usr/sbin overlay gained or changed a stand-in)")
+        sshd.stop(node)
+        pid = None
+    if pid:
+        already.append(f"node {node.name}: sshd pid {pid} on {node.ssh_host}:{node.ssh_port}")
+        return
+    pid = sshd.start(node)
+    time.sleep(0.3)
+    if not sshd.running(node):
+        raise RuntimeError(f"sshd of {node.name} did not stay up; see {node.log}")
+    done.append(f"node {node.name}: sshd pid {pid} on {node.ssh_host}:{node.ssh_port}")
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     if os.geteuid() != 0:
         say("must run as root")
         return 2
+    # Bad --nodes changes nothing: refused before any step.
+    if args.nodes is not None and not 1 <= args.nodes <= nodes.MAX_NODES:
+        raise RuntimeError(f"--nodes {args.nodes}: a testbed cluster has 1 to {nodes.MAX_NODES} nodes")
+    previous = nodes.cluster()
+    cluster = nodes.cluster(args.nodes or len(previous))
+    refuse_dropping_busy_nodes(previous, cluster)
     done: list[str] = []
     already: list[str] = []
     if host_setup.ensure_packages():
@@ -156,31 +203,26 @@ def cmd_up(args: argparse.Namespace) -> int:
     cert_new = ensure_cert()
     (done if rootfs.build_template() else already).append(f"template {paths.TEMPLATE_VOLID}")
     made_before = len(gpu.recorded()["created"])  # type: ignore[arg-type]
-    nodes = gpu.ensure(args.gpu_nodes) if args.gpu_nodes else gpu.present()
+    gpu_nodes = gpu.ensure(args.gpu_nodes) if args.gpu_nodes else gpu.present()
     made = len(gpu.recorded()["created"]) - made_before  # type: ignore[arg-type]
-    (done if made else already).append(f"gpu nodes: {len(nodes)} present, {made} made now")
+    (done if made else already).append(f"gpu nodes: {len(gpu_nodes)} present, {made} made now")
     # No --gpu-model: the node answers as one without a driver (nvidia-smi exits 9).
     model_changed = nvsmi.select(args.gpu_model)
     (done if model_changed else already).append(f"gpu model: {args.gpu_model or 'none (no driver)'}")
-    scripts_changed = sshd.prepare()
-    if host_setup.install_known_host(sshd.known_hosts_line()):
-        done.append(f"host key pinned in {paths.SYSTEM_KNOWN_HOSTS}")
-    pid = sshd.running()
-    if pid and scripts_changed:
-        say("restarting sshd (its /usr/sbin overlay gained or changed a stand-in)")
-        sshd.stop()
-        pid = None
-    if pid:
-        already.append(f"sshd pid {pid} on {paths.SSH_HOST}:{paths.SSH_PORT}")
-    else:
-        pid = sshd.start()
-        time.sleep(0.3)
-        if not sshd.running():
-            raise RuntimeError(f"sshd did not stay up; see {paths.LOG_DIR / 'sshd.log'}")
-        done.append(f"sshd pid {pid}")
+    nodes_changed = nodes.record(len(cluster))
+    for node in cluster:
+        ensure_node_sshd(node, done, already)
+    sshd.pin_host_keys(cluster)
+    # No --driver-version: no NVIDIA kernel module on the nodes (no /proc/driver/nvidia/version).
+    driver_changed = nvdriver.select(args.driver_version, [sshd.running(n) for n in cluster])
+    (done if driver_changed else already).append(f"driver: {args.driver_version or 'none'}")
+    for node in previous[len(cluster) :]:
+        pid = sshd.stop(node)
+        host_setup.remove_known_host(node.known_hosts_name)
+        done.append(f"node {node.name} removed (sshd pid {pid} stopped)")
     pid = api_pid()
-    if pid and (cert_new or code_changed_since(paths.API_PIDFILE)):
-        say("restarting the API server (new certificate or newer testbed code)")
+    if pid and (cert_new or nodes_changed or code_changed_since(paths.API_PIDFILE)):
+        say("restarting the API server (new certificate, other nodes or newer testbed code)")
         daemons.stop(paths.API_PIDFILE, API_MARKER)
         pid = None
     if pid and api_ready():
@@ -190,7 +232,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             daemons.stop(paths.API_PIDFILE, API_MARKER)
         pid = start_api()
         done.append(f"API pid {pid}")
-    write_testbed_json(nodes)
+    write_testbed_json(gpu_nodes, cluster)
     report_up(
         already, done, f"testbed up in {time.monotonic() - t0:.1f} s; connection info in {paths.TESTBED_JSON}"
     )
@@ -199,17 +241,24 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def collect_status() -> dict[str, Any]:
     api = api_pid()
-    ssh = sshd.running()
+    cluster = nodes.cluster()
+    ssh = {n.name: sshd.running(n) for n in cluster}
     cts = []
     if paths.API_STATE.is_file():
         for item in json.loads(paths.API_STATE.read_text()).get("cts", []):
             real, pid = realct.state(int(item["vmid"]))
             cts.append(
-                {"vmid": item["vmid"], "hostname": item["config"].get("hostname"), "real": real, "pid": pid}
+                {
+                    "vmid": item["vmid"],
+                    "node": item.get("node", paths.FIRST_NODE),
+                    "hostname": item["config"].get("hostname"),
+                    "real": real,
+                    "pid": pid,
+                }
             )
     return {
         "schema_version": 1,
-        "up": bool(api and ssh and host_setup.bridge_up()),
+        "up": bool(api and all(ssh.values()) and host_setup.bridge_up()),
         "debian": host_setup.debian_version(),
         "api": {
             "pid": api,
@@ -217,7 +266,11 @@ def collect_status() -> dict[str, Any]:
             "url": f"https://{paths.API_HOST}:{paths.API_PORT}",
             "node": paths.NODE,
         },
-        "sshd": {"pid": ssh, "address": f"{paths.SSH_HOST}:{paths.SSH_PORT}"},
+        "sshd": {"pid": ssh[paths.FIRST_NODE], "address": f"{paths.SSH_HOST}:{paths.SSH_PORT}"},
+        "nodes": [
+            {"name": n.name, "sshd_pid": ssh[n.name], "address": f"{n.ssh_host}:{n.ssh_port}"}
+            for n in cluster
+        ],
         "bridge": {
             "name": paths.HOST_BRIDGE,
             "up": host_setup.bridge_up(),
@@ -229,6 +282,7 @@ def collect_status() -> dict[str, Any]:
             "created_by_testbed": [c["path"] for c in gpu.recorded()["created"]],
         },  # type: ignore[attr-defined]
         "gpu_model": nvsmi.current(),
+        "driver_version": nvdriver.current(),
         "containers": cts,
         "testbed_json": str(paths.TESTBED_JSON) if paths.TESTBED_JSON.is_file() else None,
     }
@@ -245,10 +299,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"{'pid ' + str(st['api']['pid']) if st['api']['pid'] else 'not running'}"
         f"{'' if st['api']['ready'] or not st['api']['pid'] else ' (not answering)'}"
     )
-    print(
-        f"  sshd    {st['sshd']['address']}: "
-        f"{'pid ' + str(st['sshd']['pid']) if st['sshd']['pid'] else 'not running'}"
-    )
+    for node in st["nodes"]:
+        print(
+            f"  node {node['name']} sshd {node['address']}: "
+            f"{'pid ' + str(node['sshd_pid']) if node['sshd_pid'] else 'not running'}"
+        )
     print(f"  bridge  {st['bridge']['name']}: {'up' if st['bridge']['up'] else 'down'}")
     t = st["template"]
     print(
@@ -258,8 +313,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     )
     print(f"  gpu nodes: {', '.join(st['gpu_nodes']['present']) or 'none'}")
     print(f"  gpu model (nvidia-smi): {st['gpu_model'] or 'none (no driver)'}")
+    print(f"  driver (/proc/driver/nvidia/version): {st['driver_version'] or 'none'}")
     for ct in st["containers"]:
-        print(f"  CT {ct['vmid']} {ct['hostname']}: {ct['real']}")
+        print(f"  CT {ct['vmid']} {ct['hostname']} on {ct['node']}: {ct['real']}")
     return 0 if st["up"] else 1
 
 
@@ -278,8 +334,10 @@ def testbed_vmids() -> list[int]:
 def cmd_down(args: argparse.Namespace) -> int:
     pid = daemons.stop(paths.API_PIDFILE, API_MARKER)
     print(f"API: {'stopped pid ' + str(pid) if pid else 'was not running'}")
-    pid = sshd.stop()
-    print(f"sshd: {'stopped pid ' + str(pid) if pid else 'was not running'}")
+    cluster = nodes.cluster()
+    for node in cluster:
+        pid = sshd.stop(node)
+        print(f"sshd of {node.name}: {'stopped pid ' + str(pid) if pid else 'was not running'}")
     for vmid in testbed_vmids():
         if args.purge:
             realct.destroy(vmid)
@@ -294,7 +352,8 @@ def cmd_down(args: argparse.Namespace) -> int:
         print(f"gpu nodes removed: {', '.join(removed)}")
     if args.purge:
         rootfs.remove_template()
-        host_setup.remove_known_host(f"[{paths.SSH_HOST}]:{paths.SSH_PORT}")
+        for node in cluster:
+            host_setup.remove_known_host(node.known_hosts_name)
         import shutil
 
         shutil.rmtree(paths.STATE_DIR, ignore_errors=True)
@@ -314,12 +373,28 @@ def main(argv: list[str] | None = None) -> int:
         help="also create N dummy /dev/nvidiaN nodes (+ ctl, uvm, caps) where absent",
     )
     up.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="PVE nodes in the cluster: testbed, testbed2, ... (each its own sshd on 127.0.0.K and its own "
+        "pct; one API); default: as many as the last `up` made, 1 at first",
+    )
+    up.add_argument(
         "--gpu-model",
         choices=nvsmi.models(),
         default=None,
         metavar="NAME",
         help="the node's nvidia-smi replays tests/data/nvidia-smi/NAME.csv "
         f"({', '.join(nvsmi.models())}); without it, it answers as a node without a driver",
+    )
+    up.add_argument(
+        "--driver-version",
+        type=nvdriver.version_arg,
+        default=None,
+        metavar="V",
+        help="the nodes report NVIDIA kernel module V loaded (/proc/driver/nvidia/version, nvidia-smi's "
+        "driver_version); without it, no driver",
     )
     st = sub.add_parser("status", help="what runs; exit 0 when up")
     st.add_argument("--json", action="store_true")

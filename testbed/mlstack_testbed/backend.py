@@ -95,7 +95,7 @@ def normalize_path(path: str) -> str:
 
 
 class TestbedPve(FakePve):
-    """FakePve on node 'testbed' whose containers are real."""
+    """FakePve on the nodes 'testbed', 'testbed2', ... whose containers are real."""
 
     def __init__(
         self,
@@ -117,7 +117,8 @@ class TestbedPve(FakePve):
         self.tokens: dict[str, Token] = {}
         self.token_secrets: dict[str, str] = {}
         self.acl_entries: list[AclEntry] = []
-        self.nodes = {paths.NODE: {"online": True}}
+        # The cluster's nodes; their containers all live in the machine's LXC (vmids unique cluster-wide).
+        self.nodes = {name: {"online": True} for name in paths.cluster_nodes()}
         # Tasks run in the background as on PVE; PVE seconds are real seconds (no delays are configured).
         self.time_scale = 1.0
         # One dir storage, as a PVE installed on ext4 without LVM has it.
@@ -346,9 +347,14 @@ class TestbedPve(FakePve):
     def save(self) -> None:
         data = {
             "version": 1,
-            "node": paths.NODE,
             "cts": [
-                {"vmid": ct.vmid, "config": ct.config, "pending": ct.pending, "status": ct.status}
+                {
+                    "vmid": ct.vmid,
+                    "node": ct.node,
+                    "config": ct.config,
+                    "pending": ct.pending,
+                    "status": ct.status,
+                }
                 for ct in self.cts
                 if ct.lock != "create"
             ],
@@ -391,7 +397,7 @@ class TestbedPve(FakePve):
                 continue
             ct = self.add_ct(
                 vmid,
-                node=paths.NODE,
+                node=str(item.get("node") or data.get("node") or paths.FIRST_NODE),
                 status="stopped",
                 config=item.get("config") or {},
                 pending=item.get("pending") or {},

@@ -103,12 +103,13 @@ def stop_bridge() -> bool:
 
 
 def install_known_host(line: str) -> bool:
-    """The pinned [127.0.0.1]:2222 host key in /etc/ssh/ssh_known_hosts (read by OpenSSH and paramiko)."""
+    """A node's pinned host key ([127.0.0.1]:2222 ...) in /etc/ssh/ssh_known_hosts (read by OpenSSH and
+    paramiko): the one line for that name."""
     host = line.split()[0]
     f = paths.SYSTEM_KNOWN_HOSTS
     lines = f.read_text().splitlines() if f.is_file() else []
     kept = [ln for ln in lines if ln.split()[:1] != [host]]
-    if [*kept, line] == lines:
+    if len(kept) == len(lines) - 1 and line in lines:
         return False
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text("\n".join([*kept, line]) + "\n")

@@ -5,21 +5,29 @@
 into the testbed's state; `testbed up` without it removes it, and this then answers as a node whose
 driver is not loaded does: NVIDIA's message and exit 9. Only the node's SSH namespace sees it (in
 /usr/sbin, like pct): containers and the machine itself never do.
+
+`driver_version` answers the kernel module `testbed up --driver-version` loaded (nvdriver.py), the
+version /proc/driver/nvidia/version shows on the node; `[N/A]` without one. A driver loaded with no GPU
+model recorded answers as a node whose driver finds no GPU: "No devices were found", exit 6.
 """
 
 import shutil
 import sys
 
-from . import paths
+from . import nvdriver, paths
 
 # The recorded answers live with the tests that read them too (the stack policy's unit tests).
 RECORDED_DIR = paths.REPO_DIR / "tests" / "data" / "nvidia-smi"
 FIELDS = ("index", "name", "uuid", "compute_cap")
+# Answered from the driver, not from the recorded rows.
+DRIVER_FIELD = "driver_version"
 NO_DRIVER = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
     "Make sure that the latest NVIDIA driver is installed and running.\n"
 )
 EXIT_NO_DRIVER = 9
+NO_DEVICES = "No devices were found\n"
+EXIT_NO_DEVICES = 6
 
 
 def models() -> list[str]:
@@ -60,8 +68,9 @@ def _rows() -> list[list[str]]:
 
 def answer(argv: list[str]) -> tuple[int, str]:
     """What nvidia-smi prints for argv (exit code, stdout), for the queries this project makes."""
+    driver = nvdriver.current()
     if current() is None or not paths.GPU_ANSWER_FILE.is_file():
-        return EXIT_NO_DRIVER, NO_DRIVER
+        return (EXIT_NO_DRIVER, NO_DRIVER) if driver is None else (EXIT_NO_DEVICES, NO_DEVICES)
     rows = _rows()
     known = ("--query-gpu=", "--format=", "-L", "--list-gpus")
     stray = [a for a in argv if not a.startswith(known)]
@@ -80,12 +89,13 @@ def answer(argv: list[str]) -> tuple[int, str]:
         return 2, "The testbed's nvidia-smi answers --query-gpu=... and -L only.\n"
     fields = [f.strip() for f in query.split(",")]
     for f in fields:
-        if f not in FIELDS:
+        if f not in (*FIELDS, DRIVER_FIELD):
             return 2, f'Field "{f}" is not a valid field to query.\n\n'
     if "csv" not in fmt.split(","):
         return 2, "The testbed's nvidia-smi answers --format=csv[,noheader] only.\n"
     lines = [] if "noheader" in fmt.split(",") else [", ".join(fields)]
-    lines += [", ".join(r[FIELDS.index(f)] for f in fields) for r in rows]
+    values = [{**dict(zip(FIELDS, r, strict=False)), DRIVER_FIELD: driver or "[N/A]"} for r in rows]
+    lines += [", ".join(v[f] for f in fields) for v in values]
     return 0, "".join(line + "\n" for line in lines)
 
 

@@ -1,5 +1,6 @@
 """Where the testbed keeps its state, and the names the rest of the project relies on."""
 
+import json
 import os
 from pathlib import Path
 
@@ -16,6 +17,9 @@ GPU_NODES_FILE = STATE_DIR / "gpu-nodes.json"
 # The GPU model the stand-in nvidia-smi reports, and its recorded answer (absent: no driver).
 GPU_MODEL_FILE = STATE_DIR / "gpu-model"
 GPU_ANSWER_FILE = STATE_DIR / "nvidia-smi.csv"
+# The NVIDIA kernel module the nodes report (`up --driver-version`): nvidia/version here (absent: no
+# driver), this folder bound over /proc/driver in each node's sshd mount namespace (nvdriver.py).
+DRIVER_PROC_DIR = STATE_DIR / "proc-driver"
 # pct's direct backend (no API server): one PVE-format config per container, as /etc/pve/lxc/<vmid>.conf.
 DIRECT_DIR = STATE_DIR / "direct"
 # The storage 'local' (type dir) lives here, as /var/lib/vz does on PVE.
@@ -25,7 +29,9 @@ TEMPLATE_CACHE = LOCAL_STORAGE / "template" / "cache"
 API_HOST = "127.0.0.1"
 API_PORT = int(os.environ.get("MLSTACK_TESTBED_API_PORT", "8006"))
 API_USER = "root@pam"
-NODE = "testbed"
+# The cluster's first node. Every node's stand-in pct runs with MLSTACK_TESTBED_NODE set to its own name.
+FIRST_NODE = "testbed"
+NODE = os.environ.get("MLSTACK_TESTBED_NODE", FIRST_NODE)
 SSH_HOST = "127.0.0.1"
 SSH_PORT = int(os.environ.get("MLSTACK_TESTBED_SSH_PORT", "2222"))
 SSH_USER = "root"
@@ -52,6 +58,10 @@ SSHD_CONFIG = SSH_DIR / "sshd_config"
 API_PIDFILE = RUN_DIR / "api.pid"
 SSHD_PIDFILE = RUN_DIR / "sshd.pid"
 LXC_NET_MARKER = RUN_DIR / "lxc-net.started"
+# The cluster's node names, in order (`up --nodes N`); absent: the first node alone.
+NODES_FILE = STATE_DIR / "nodes.json"
+# Each further node's own host key, sshd_config, pidfile and /usr/sbin stand-ins.
+NODES_DIR = STATE_DIR / "nodes"
 # A line for [127.0.0.1]:2222 placed in the system known_hosts file so Ansible and paramiko verify it.
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
 
@@ -91,3 +101,17 @@ def ensure_dirs() -> None:
         d.mkdir(parents=True, exist_ok=True)
         d.chmod(0o700)
     STATE_DIR.chmod(0o755)
+
+
+def node_names(count: int) -> list[str]:
+    """The names of a cluster of `count` nodes: testbed, testbed2, testbed3, ..."""
+    return [FIRST_NODE] + [f"{FIRST_NODE}{i}" for i in range(2, count + 1)]
+
+
+def cluster_nodes() -> list[str]:
+    """The nodes of the running cluster, as `up` last recorded them."""
+    try:
+        names = json.loads(NODES_FILE.read_text())["nodes"]
+    except (OSError, ValueError, KeyError):
+        return [FIRST_NODE]
+    return [str(n) for n in names] or [FIRST_NODE]

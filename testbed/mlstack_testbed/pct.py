@@ -10,6 +10,7 @@ MLSTACK_TESTBED_PCT=direct, the non-exec verbs use the direct backend (direct.py
 translation on a local config file per container, no API server. MLSTACK_TESTBED_PCT=api forces the API.
 """
 
+import json
 import os
 import platform
 import sys
@@ -73,7 +74,8 @@ class Api:
     def __init__(self) -> None:
         self.tb = client.load()
         self.api = self.tb.proxmox()
-        self.node = self.tb.node
+        # The node whose SSH this pct runs on (its stand-in script sets MLSTACK_TESTBED_NODE).
+        self.node = paths.NODE
 
     def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from proxmoxer.core import ResourceException
@@ -166,9 +168,22 @@ def cmd_list() -> int:
 # ---------------------------------------------------------------- lxc-attach verbs
 
 
+def api_node_of(vmid: int) -> str | None:
+    """The node the API has the container on (its saved state); None where no API state says."""
+    if direct_mode() or not paths.API_STATE.is_file():
+        return None
+    try:
+        cts = json.loads(paths.API_STATE.read_text()).get("cts", [])
+    except (OSError, ValueError):
+        return None
+    return next((str(c.get("node") or paths.FIRST_NODE) for c in cts if int(c["vmid"]) == vmid), None)
+
+
 def need_running(vmid: int) -> None:
     status, _ = realct.state(vmid)
-    if status == "missing":
+    node = api_node_of(vmid)
+    # A container of another node of the cluster is not on this one: PVE's pct finds no config here.
+    if status == "missing" or (node is not None and node != paths.NODE):
         die(f"Configuration file 'nodes/{paths.NODE}/lxc/{vmid}.conf' does not exist")
     if status != "running":
         die(f"CT {vmid} not running")

@@ -1,15 +1,15 @@
-"""A real sshd on 127.0.0.1:2222 with key-only root login and a pinned host key, running in a private
-mount namespace where /usr/sbin shows the testbed's `pct`, `pveversion` and `nvidia-smi` on top of the
-machine's own /usr/sbin (a read-only overlay: the machine's /usr/sbin is never written)."""
+"""One real sshd per node (node 1 on 127.0.0.1:2222, node N on 127.0.0.N) with key-only root login and a
+pinned host key, running in a private mount namespace where /usr/sbin shows the testbed's `pct`,
+`pveversion`, `nvidia-smi` and `pveam`, acting as that node, on top of the machine's own /usr/sbin (a
+read-only overlay: the machine's /usr/sbin is never written)."""
 
 import shlex
 import sys
 from pathlib import Path
 
 from . import daemons, paths
+from .nodes import Node
 from .proc import run
-
-MARKER = str(paths.SSHD_CONFIG)
 
 
 def _keygen(path: Path, comment: str) -> None:
@@ -20,28 +20,34 @@ def _keygen(path: Path, comment: str) -> None:
     path.chmod(0o600)
 
 
-def known_hosts_line() -> str:
-    key = (paths.SSH_HOST_KEY.with_suffix(".pub")).read_text().split()
-    return f"[{paths.SSH_HOST}]:{paths.SSH_PORT} {key[0]} {key[1]}"
+def known_hosts_line(node: Node) -> str:
+    key = (node.host_key.with_suffix(".pub")).read_text().split()
+    return f"{node.known_hosts_name} {key[0]} {key[1]}"
 
 
-def prepare() -> bool:
-    """Keys, authorized_keys, known_hosts, sshd_config, and the scripts shown in /usr/sbin; True when
-    a script was new or changed (a running sshd's overlay may not show it: restart it)."""
-    _keygen(paths.SSH_HOST_KEY, "mlstack-testbed-host")
+def pin_host_keys(cluster: list[Node]) -> None:
+    """ssh/known_hosts: every node's line, as PVE's cluster-wide known_hosts holds them all."""
+    paths.SSH_KNOWN_HOSTS.write_text("".join(known_hosts_line(n) + "\n" for n in cluster))
+
+
+def prepare(node: Node) -> bool:
+    """Keys, authorized_keys, sshd_config, and the scripts shown in /usr/sbin; True when a script was
+    new or changed (a running sshd's overlay may not show it: restart it)."""
+    node.home.mkdir(parents=True, exist_ok=True)
+    node.home.chmod(0o700)
+    _keygen(node.host_key, f"mlstack-testbed-host-{node.name}" if not node.first else "mlstack-testbed-host")
     _keygen(paths.SSH_CLIENT_KEY, "mlstack-testbed-client")
     pub = paths.SSH_CLIENT_KEY.with_suffix(".pub").read_text().strip()
     paths.SSH_AUTHORIZED_KEYS.write_text(pub + "\n")
     paths.SSH_AUTHORIZED_KEYS.chmod(0o600)
-    paths.SSH_KNOWN_HOSTS.write_text(known_hosts_line() + "\n")
-    paths.SSHD_CONFIG.write_text(
+    node.sshd_config.write_text(
         "\n".join(
             [
-                "# mlstack-testbed sshd: loopback only, root by key only.",
-                f"Port {paths.SSH_PORT}",
-                f"ListenAddress {paths.SSH_HOST}",
-                f"HostKey {paths.SSH_HOST_KEY}",
-                f"PidFile {paths.RUN_DIR / 'sshd.real.pid'}",
+                f"# mlstack-testbed sshd of node {node.name}: loopback only, root by key only.",
+                f"Port {node.ssh_port}",
+                f"ListenAddress {node.ssh_host}",
+                f"HostKey {node.host_key}",
+                f"PidFile {node.real_pidfile}",
                 f"AuthorizedKeysFile {paths.SSH_AUTHORIZED_KEYS}",
                 "PermitRootLogin prohibit-password",
                 "AllowUsers root",
@@ -62,6 +68,8 @@ def prepare() -> bool:
     py = shlex.quote(sys.executable)
     pythonpath = shlex.quote(str(paths.TESTBED_DIR))
     state = shlex.quote(str(paths.STATE_DIR))
+    node_name = shlex.quote(node.name)
+    node.sbin.mkdir(parents=True, exist_ok=True)
     changed = False
     for name, module, func in (
         ("pct", "pct", "main"),
@@ -69,10 +77,11 @@ def prepare() -> bool:
         ("nvidia-smi", "nvsmi", "main"),
         ("pveam", "pveam", "main"),
     ):
-        script = paths.SBIN_DIR / name
+        script = node.sbin / name
         text = (
             "#!/bin/sh\n# mlstack-testbed stand-in for " + name + "\n"
-            f"MLSTACK_TESTBED_STATE={state} PYTHONPATH={pythonpath} exec {py} -c "
+            f"MLSTACK_TESTBED_STATE={state} MLSTACK_TESTBED_NODE={node_name} PYTHONPATH={pythonpath} "
+            f"exec {py} -c "
             f"'import sys; from mlstack_testbed.{module} import {func}; sys.exit({func}())' \"$@\"\n"
         )
         if not script.is_file() or script.read_text() != text:
@@ -82,27 +91,27 @@ def prepare() -> bool:
     return changed
 
 
-def running() -> int | None:
-    return daemons.pid_of(paths.SSHD_PIDFILE, MARKER)
+def running(node: Node) -> int | None:
+    return daemons.pid_of(node.pidfile, str(node.sshd_config))
 
 
-def start() -> int:
+def start(node: Node) -> int:
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    r = run(["/usr/sbin/sshd", "-t", "-f", str(paths.SSHD_CONFIG)], timeout=30)
+    r = run(["/usr/sbin/sshd", "-t", "-f", str(node.sshd_config)], timeout=30)
     if not r.ok:
         raise RuntimeError(f"sshd -t: {r.detail()}")
     inner = (
-        f"mount -t overlay mlstack-testbed-sbin -o ro,lowerdir={paths.SBIN_DIR}:/usr/sbin /usr/sbin && "
-        f"exec /usr/sbin/sshd -D -e -f {paths.SSHD_CONFIG}"
+        f"mount -t overlay mlstack-testbed-sbin -o ro,lowerdir={node.sbin}:/usr/sbin /usr/sbin && "
+        f"exec /usr/sbin/sshd -D -e -f {node.sshd_config}"
     )
     argv = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", inner]
     return daemons.spawn(
         argv,
-        paths.SSHD_PIDFILE,
-        paths.LOG_DIR / "sshd.log",
+        node.pidfile,
+        node.log,
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
     )
 
 
-def stop() -> int | None:
-    return daemons.stop(paths.SSHD_PIDFILE, MARKER)
+def stop(node: Node) -> int | None:
+    return daemons.stop(node.pidfile, str(node.sshd_config))

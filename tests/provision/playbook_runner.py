@@ -75,20 +75,41 @@ def set_gpu_model(model: str | None) -> None:
         raise RuntimeError(f"{' '.join(argv)} failed:\n{r.stdout}\n{r.stderr}")
 
 
+def testbed_nodes() -> dict[str, dict[str, Any]]:
+    """The testbed cluster's nodes by name ({name, ssh_host, ssh_port}), as its testbed.json gives them."""
+    state = Path(os.environ.get("MLSTACK_TESTBED_STATE", "/var/lib/mlstack-testbed"))
+    data = json.loads((state / "testbed.json").read_text())
+    return {
+        n["name"]: n
+        for n in data.get("nodes") or [{"name": "testbed", "ssh_host": "127.0.0.1", "ssh_port": 2222}]
+    }
+
+
 def make_runner(workdir: Path, env: dict[str, str] | None = None) -> Callable[..., PlaybookRun]:
-    """A runner of the repo's playbooks against the testbed node, with the testbed's group_vars and
-    the given containers: run(name, containers, **extra_vars)."""
+    """A runner of the repo's playbooks against the testbed, with the testbed's group_vars and the given
+    containers: run(name, containers, **extra_vars). `containers` is the first node's list, or a dict
+    {node name: list} for several nodes of the testbed's cluster (one inventory host per node)."""
 
     def run(
-        playbook: str, containers: list[dict[str, Any]], timeout: int = 1800, **extra: Any
+        playbook: str,
+        containers: list[dict[str, Any]] | dict[str, list[dict[str, Any]]],
+        timeout: int = 1800,
+        **extra: Any,
     ) -> PlaybookRun:
         inventory = workdir / "inventory"
         inventory.mkdir(exist_ok=True)
         group_vars = inventory / "group_vars"
         if not group_vars.exists():
             group_vars.symlink_to(REPO / "inventory" / "testbed" / "group_vars")
+        per_node = containers if isinstance(containers, dict) else {"testbed": containers}
+        nodes = testbed_nodes() if set(per_node) != {"testbed"} else {}
         hosts = {
-            "testbed": {"ansible_host": "127.0.0.1", "ansible_port": 2222, "mlstack_containers": containers}
+            name: {
+                "ansible_host": nodes[name]["ssh_host"] if nodes else "127.0.0.1",
+                "ansible_port": nodes[name]["ssh_port"] if nodes else 2222,
+                "mlstack_containers": cts,
+            }
+            for name, cts in per_node.items()
         }
         (inventory / "hosts.yml").write_text(
             yaml.safe_dump({"all": {"children": {"pve_hosts": {"hosts": hosts}}}})

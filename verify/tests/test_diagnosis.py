@@ -87,6 +87,9 @@ def test_every_code_has_a_one_line_fix(code: str) -> None:
         good="",
         suggest="GPU-8932f937",
         here="0=GPU-8932f937",
+        size="2G",
+        nodes="0,1",
+        link="NV18 (NVLink, 18 bonded links)",
     )
     assert (
         fix

@@ -12,7 +12,7 @@ from mlstack_doctor import __version__, engine, metrics, profile, render, reuse
 from mlstack_doctor.context import Context, Options
 from mlstack_doctor.engine import Probe
 from mlstack_doctor.files import write_atomic
-from mlstack_doctor.record import Result, Status
+from mlstack_doctor.record import Result, Stage, Status
 
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 1, 2
 
@@ -36,6 +36,11 @@ tiers:
           config (same widths), so every autotuned kernel is tuned and on disk before training starts
           several threads; skipped when its cache key (GPU, torch/triton/FLA/transformers, config,
           shapes) is already warm in TRITON_CACHE_DIR
+  nccl    host probes, then torch.distributed across the GPUs, one spawned process per GPU: the GPUs
+          CUDA sees against those passed through, /dev/shm for NCCL, the link type (nvidia-smi topo
+          -m), all-reduce and all-gather checked against exact values, and a bus bandwidth sweep
+          (nccl-tests' algbw/busbw) against the link type's floor. --nccl-backend gloo (automatic
+          under --no-gpu) runs the same on the CPU with --nccl-ranks processes
 
 The GPU probes run in ONE worker process that imports torch, Triton, transformers and FLA once
 (MLSTACK_DOCTOR_SESSION=0: one process per probe); triton_target keeps its own fresh-cache process.
@@ -148,6 +153,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOURS",
         help="--reuse-passed: carry verdicts only from a run this recent (default 24)",
     )
+    p.add_argument(
+        "--nccl-backend",
+        choices=("auto", "nccl", "gloo"),
+        default="auto",
+        help="nccl tier: torch.distributed backend (default auto: nccl, gloo under --no-gpu)",
+    )
+    p.add_argument(
+        "--nccl-ranks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="nccl tier: processes (gloo, default 2); with nccl at most N GPUs (default every GPU CUDA sees)",
+    )
+    p.add_argument(
+        "--nccl-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="nccl tier: seconds each collective, and joining the process group, may take (default 60)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--version", action="version", version=f"mlstack-doctor {__version__}")
     return p
@@ -175,7 +200,8 @@ def _note(quiet: bool):
 def _progress(quiet: bool):
     def show(i: int, n: int, probe: Probe) -> None:
         if not quiet:
-            hint = " (slow: JIT/autotune)" if probe.slow else ""
+            why = "torch in every rank" if probe.stage is Stage.NCCL else "JIT/autotune"
+            hint = f" (slow: {why})" if probe.slow else ""
             sys.stderr.write(f"[{i + 1}/{n}] {probe.stage.value}: {probe.name}...{hint}\n")
             sys.stderr.flush()
 
@@ -200,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CANNOT_RUN
     if args.threads < 1 or args.tokens < 1 or args.batch_size < 1:
         sys.stderr.write("mlstack-doctor: cannot run: --threads, --tokens and --batch-size must be >= 1\n")
+        return EXIT_CANNOT_RUN
+    if (args.nccl_ranks is not None and args.nccl_ranks < 1) or args.nccl_timeout <= 0:
+        sys.stderr.write("mlstack-doctor: cannot run: --nccl-ranks must be >= 1, --nccl-timeout > 0\n")
         return EXIT_CANNOT_RUN
     if args.warm_layers is not None and args.warm_layers < 0:
         sys.stderr.write("mlstack-doctor: cannot run: --warm-layers must be >= 0\n")
@@ -229,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         measure_peak=args.measure_peak,
         only=only,
         purpose=args.purpose,
+        nccl_backend=args.nccl_backend,
+        nccl_ranks=args.nccl_ranks,
+        nccl_timeout=args.nccl_timeout,
     )
     options = {
         "tier": args.tier,
@@ -244,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
         "rewarm": args.rewarm,
         "only": only,
         "purpose": args.purpose,
+        "nccl_backend": args.nccl_backend,
+        "nccl_ranks": args.nccl_ranks,
+        "nccl_timeout": args.nccl_timeout,
         "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
     }
     started = render.now()

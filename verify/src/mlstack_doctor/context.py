@@ -28,6 +28,9 @@ class Options:
     measure_peak: bool = True
     only: list[str] | None = None
     purpose: str = "training"  # training: a refused backward fails; inference: it only warns
+    nccl_backend: str = "auto"  # nccl tier: auto (nccl, gloo under --no-gpu), nccl or gloo
+    nccl_ranks: int | None = None  # gloo: processes (default 2); nccl: at most this many GPUs (default all)
+    nccl_timeout: float = 60.0  # seconds each collective (and joining the group) may take
 
 
 @dataclass

@@ -253,6 +253,53 @@ CODES: dict[str, Code] = {
         "the warm step's single-thread forward/backward failed",
         "read evidence.exception; then mlstack-doctor --tier warm again (what was tuned stays in the cache)",
     ),
+    # nccl (multi-GPU): what breaks torch.distributed in containers
+    "NCCL_P2P_BLOCKED": Code(
+        "NCCL cannot use P2P/CUDA IPC between the GPUs (a P2P/cudaIpc error, or a hang that ends when "
+        "NCCL_P2P_DISABLE=1): PCIe ACS or an IOMMU in translation mode blocks peer traffic",
+        "workaround: export NCCL_P2P_DISABLE=1 (traffic goes through host memory, slower); real fix on the "
+        "host: boot with iommu=pt (intel_iommu=on iommu=pt / amd_iommu=on iommu=pt) and turn off ACS on "
+        "the PCIe switches above the GPUs, until nvidia-smi topo -p2p r says OK between them",
+    ),
+    "NCCL_SHM_TOO_SMALL": Code(
+        "/dev/shm has less free space than NCCL maps there for this many local ranks: NCCL fails "
+        "('Error while creating shared memory segment') or the ranks die with a bus error",
+        "on the PVE host: add 'lxc.mount.entry: tmpfs dev/shm tmpfs rw,nosuid,nodev,size={size},create=dir "
+        "0 0' to /etc/pve/lxc/<vmid>.conf and pct reboot <vmid> (Docker: --shm-size={size} or --ipc=host)",
+    ),
+    "NCCL_GPUS_HIDDEN": Code(
+        "fewer GPUs are usable by CUDA than are passed through (device nodes) or than NVML/nvidia-smi "
+        "lists: NCCL runs fewer ranks than the machine has GPUs",
+        "pass every GPU and allow it: pct set <vmid> --devN /dev/nvidiaK for each GPU (nodes here: "
+        "{nodes}), and 'lxc.cgroup2.devices.allow: c 195:* rwm' in /etc/pve/lxc/<vmid>.conf; then "
+        "nvidia-smi -L and torch.cuda.device_count() must agree",
+    ),
+    "NCCL_SOCKET_IFNAME_WRONG": Code(
+        "NCCL_SOCKET_IFNAME or GLOO_SOCKET_IFNAME names a network interface this container does not have "
+        "(often copied from the host): the ranks cannot bootstrap",
+        "unset NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME, or set them to an interface of ip -br link here",
+    ),
+    "NCCL_WRONG_RESULT": Code(
+        "an all-reduce or all-gather over known inputs returned wrong values: a corrupting link, driver "
+        "or NCCL build",
+        "rerun with NCCL_P2P_DISABLE=1 and with NCCL_ALGO=Ring to isolate the path; check nvidia-smi -q "
+        "for XID/ECC errors; reinstall the torch build whose NCCL passed",
+    ),
+    "NCCL_BUSBW_BELOW_FLOOR": Code(
+        "the bus bandwidth at the largest size is below the conservative floor of the GPUs' link type",
+        "NCCL_DEBUG=INFO shows the transport per peer (P2P/IPC, SHM, NET): SHM or NET where {link} "
+        "should carry it means P2P is off (nvidia-smi topo -p2p r); also check that no other job shares "
+        "the GPUs (nvidia-smi)",
+    ),
+    "NCCL_TIMEOUT": Code(
+        "a collective (or joining the process group) did not finish within --nccl-timeout: a rank hung",
+        "NCCL_DEBUG=INFO mlstack-doctor --tier nccl names the last step of each rank; try "
+        "NCCL_P2P_DISABLE=1 and NCCL_SHM_DISABLE=1 one at a time to find the blocked transport",
+    ),
+    "NCCL_FAILED": Code(
+        "torch.distributed failed in a rank (see evidence.errors, per rank)",
+        "read evidence.errors; rerun with NCCL_DEBUG=INFO for NCCL's own account",
+    ),
     # generic
     "PROBE_TIMEOUT": Code(
         "the probe did not finish in time", "rerun with --timeout-scale 3; a hung GPU needs nvidia-smi"
@@ -266,6 +313,29 @@ CODES: dict[str, Code] = {
 # Ordered most specific first: the first match wins. Patterns match the original text, which the
 # probe keeps as evidence next to the code.
 _RULES: list[tuple[str, re.Pattern[str]]] = [
+    # NCCL and gloo: what their own messages say, before the generic CUDA rules below
+    (
+        "NCCL_SHM_TOO_SMALL",
+        re.compile(
+            r"Error while creating shared memory segment|unable to allocate shared memory|"
+            r"No space left on device.*(/dev/shm|shm)|/dev/shm.*No space left|Bus error|SIGBUS",
+            re.I,
+        ),
+    ),
+    (
+        "NCCL_P2P_BLOCKED",
+        re.compile(
+            r"cudaIpc\w*|peer access is not supported|peer mapping resources exhausted|P2P/IPC.*fail", re.I
+        ),
+    ),
+    (
+        "NCCL_SOCKET_IFNAME_WRONG",
+        re.compile(r"no socket interface found|Unable to find address for|Bootstrap : no socket interface"),
+    ),
+    (
+        "NCCL_TIMEOUT",
+        re.compile(r"Watchdog caught collective operation timeout|rank\(s\) \[[\d, ]+\] hung in"),
+    ),
     ("FLA_BACKWARD_NEEDS_TILELANG", re.compile(r"install tilelang|chunk_bwd_dqkwg \(see #640\)", re.I)),
     ("NO_PYTHON_H", re.compile(r"Python\.h: No such file")),
     ("NO_C_COMPILER", re.compile(r"Failed to find C compiler")),

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 from mlstack_doctor import runner, vetting
 from mlstack_doctor.context import Context
-from mlstack_doctor.probes import gpu, host, model, packages, toolchain, warm
+from mlstack_doctor.probes import gpu, host, model, nccl, packages, toolchain, warm
 from mlstack_doctor.record import Result, Stage, Status, skipped
 
-TIERS = ("fast", "quick", "full", "stress", "warm")
-RANKED = ("quick", "full", "stress")  # each includes the one before; fast and warm are their own lists
+TIERS = ("fast", "quick", "full", "stress", "warm", "nccl")
+RANKED = ("quick", "full", "stress")  # each includes the one before; fast, warm, nccl are their own lists
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,36 @@ PROBES: tuple[Probe, ...] = (
         min_tier="stress",
         slow=True,
     ),
+    # The NCCL tier (its own list below). nccl_gpus needs the GPU; the others also run the gloo path
+    # on the CPU, where the GPU prerequisites are skipped by --no-gpu and do not gate them.
+    Probe(
+        "nccl_gpus",
+        Stage.NCCL,
+        nccl.nccl_gpus,
+        ("nvidia_device_nodes", "nvidia_driver", "cuda_visible_devices"),
+        ("torch",),
+        gpu=True,
+        min_tier="nccl",
+        slow=True,
+    ),
+    Probe("nccl_shm", Stage.NCCL, nccl.nccl_shm, min_tier="nccl"),
+    Probe("nccl_topology", Stage.NCCL, nccl.nccl_topology, ("nccl_gpus",), gpu=True, min_tier="nccl"),
+    Probe(
+        "nccl_collectives",
+        Stage.NCCL,
+        nccl.nccl_collectives,
+        ("nccl_gpus",),
+        ("torch",),
+        min_tier="nccl",
+        slow=True,
+    ),
+    Probe(
+        "nccl_bandwidth",
+        Stage.NCCL,
+        nccl.nccl_bandwidth,
+        ("nccl_collectives", "nccl_topology"),
+        min_tier="nccl",
+    ),
 )
 
 
@@ -174,7 +204,20 @@ FAST_TIER = (
 # stays cheap.
 WARM_TIER = (*FAST_TIER, "model_config", "triton_warm")
 
-LISTED = {"fast": FAST_TIER, "warm": WARM_TIER}
+# The NCCL tier: the host probes the GPUs need, then torch.distributed across them (gloo on the CPU
+# under --no-gpu or --nccl-backend gloo).
+NCCL_TIER = (
+    "nvidia_device_nodes",
+    "nvidia_driver",
+    "cuda_visible_devices",
+    "nccl_gpus",
+    "nccl_shm",
+    "nccl_topology",
+    "nccl_collectives",
+    "nccl_bandwidth",
+)
+
+LISTED = {"fast": FAST_TIER, "warm": WARM_TIER, "nccl": NCCL_TIER}
 
 
 def selected(tier: str) -> list[Probe]:
@@ -212,6 +255,12 @@ def gate(ctx: Context, probe: Probe) -> Result | None:
         res = ctx.results.get(dep)
         if res is None or res.status in (Status.PASS, Status.WARN):
             continue
+        if (
+            not probe.gpu
+            and _is_gpu(dep)
+            and ((res.status is Status.SKIP and not ctx.opts.expect_gpu) or ctx.opts.nccl_backend == "gloo")
+        ):
+            continue  # the gloo path runs on the CPU: GPU prerequisites (--no-gpu skips them) do not gate it
         root = _root(ctx, dep)
         code = ctx.results[root].code if root in ctx.results else None
         why = f"{dep} failed" if res.status is Status.FAIL else f"{dep} skipped"
@@ -231,6 +280,10 @@ def gate(ctx: Context, probe: Probe) -> Result | None:
             )
             return skipped(probe.name, probe.stage, f"skipped: {dist} is not installed", skipped_by=by)
     return None
+
+
+def _is_gpu(name: str) -> bool:
+    return any(p.gpu for p in PROBES if p.name == name)
 
 
 def _open(ctx: Context, probes: list[Probe], note: Callable[[str], None] | None) -> None:

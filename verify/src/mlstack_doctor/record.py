@@ -25,6 +25,7 @@ class Stage(str, enum.Enum):  # noqa: UP042
     MODEL = "model"
     WARM = "warm"
     STRESS = "stress"
+    NCCL = "nccl"
 
 
 @dataclass

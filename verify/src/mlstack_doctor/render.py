@@ -82,7 +82,33 @@ def _plain(results: list[Result], summary: dict[str, Any], out: TextIO) -> None:
     for r in results:
         if r.status in (Status.FAIL, Status.WARN) and r.fix:
             out.write(f"  {MARK[r.status]} {r.name}: fix: {r.fix}\n")
+    bandwidth(results, out)
     _verdict(summary, out)
+
+
+def bandwidth(results: list[Result], out: TextIO) -> None:
+    """The NCCL tier's sweep, as nccl-tests prints it: size, time, algbw, busbw, and the floor."""
+    r = next((r for r in results if r.name == "nccl_bandwidth" and r.evidence.get("busbw_table")), None)
+    if r is None:
+        return
+    ev = r.evidence
+    out.write(f"\nbus bandwidth ({ev['backend']}, {ev['ranks']} rank(s); floor for {ev['floor_for']}):\n")
+    head = ("op", "size (B)", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "floor (GB/s)")
+    rows = [
+        (
+            row["op"],
+            str(row["bytes"]),
+            f"{row['time_us']:.1f}",
+            f"{row['algbw_gbs']:.3f}",
+            f"{row['busbw_gbs']:.3f}",
+            "-" if row["floor_gbs"] is None else f"{row['floor_gbs']:g}",
+        )
+        for row in ev["busbw_table"]
+    ]
+    widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
+    for row in [head, *rows]:
+        cells = (c.rjust(widths[i]) if i else c.ljust(widths[i]) for i, c in enumerate(row))
+        out.write("  " + "  ".join(cells) + "\n")
 
 
 def _verdict(summary: dict[str, Any], out: TextIO) -> None:
@@ -132,6 +158,7 @@ def table(results: list[Result], summary: dict[str, Any], out: TextIO, use_rich:
     for r in results:
         if r.status in (Status.FAIL, Status.WARN) and r.fix:
             console.print(f"  [{COLOR[r.status]}]{MARK[r.status]}[/] {r.name}: fix: {r.fix}", highlight=False)
+    bandwidth(results, out)
     _verdict(summary, out)
 
 

@@ -60,6 +60,8 @@ def _stat_line(path: Path) -> str:
 
 def _model_lines(model: str) -> list[str]:
     """Names, sizes and mtimes of a model path's files (tiny and 27b are built-in configs)."""
+    if not model:  # no --model: Path("") is the working directory, not a model
+        return ["model:"]
     path = Path(model)
     if not path.exists():
         return [f"model:{model}"]

@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
-"""Container transport benchmark on the testbed: mlstack.pve.pct_ssh against
-community.proxmox.proxmox_pct_remote, every figure measured in one run, ratios printed.
+"""Fleet speed benchmark on the testbed: mlstack.pve.pct_ssh against community.proxmox.proxmox_pct_remote,
+and one node against a cluster of three, every figure measured in one run, ratios printed.
 
-  .venv/bin/python bench/transport_bench.py [--calls 20] [--json out.json] [--logs DIR]
+  .venv/bin/python bench/fleet_bench.py [--calls 20] [--skip-fleet] [--json out.json] [--logs DIR]
 
-Uses vmids 196-197 (one node, two containers), destroyed at the end, and the node's shared uv
-cache as it is (a warm machine: run it after `make provision` or the suites). Figures:
+Needs the testbed up with 3 nodes (`make testbed`). Uses vmids 190-197, destroyed at the end, and the
+node's shared uv cache as it is (a warm machine: run it after `make provision` or the suites). Figures:
 - per-call cost of each layer under a task: lxc-attach on the machine (what pct exec does), one
   command over a kept SSH connection to the node, `pct exec` over that connection;
 - per-task cost inside a container (a playbook of N stat tasks minus one of 1), per transport;
-- first provision of 2 containers (warm machine, new transport), then the changed=0 rerun: as it runs
-  by default (pct_ssh, the doctor's fast tier on an unchanged stack), and with the doctor in full over
-  each transport (pct_remote with the doctor in full is the rerun before both changes).
+- first provision of 1 node x 2 containers (warm machine, new transport), then the changed=0 rerun: as it
+  runs by default (pct_ssh, the doctor's fast tier on an unchanged stack), and with the doctor in full over
+  each transport (pct_remote with the doctor in full is the rerun before both changes);
+- first provision and changed=0 rerun of 3 nodes x 2 containers in one run (the fleet report of that run
+  is kept with --logs), against 1 node x 2.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from mlstack_testbed import client  # noqa: E402
 from playbook_runner import PlaybookRun, container, make_runner  # noqa: E402
 
 VMIDS = (196, 197)
+FLEET = {"testbed": [190, 191], "testbed2": [192, 193], "testbed3": [194, 195]}
 TRANSPORTS = {"pct_ssh": "mlstack.pve.pct_ssh", "pct_remote": "community.proxmox.proxmox_pct_remote"}
 LOGS: Path | None = None
 
@@ -123,11 +126,31 @@ def timed(
     return elapsed, run
 
 
+def fleet_containers() -> dict[str, list[dict[str, Any]]]:
+    return {node: [container(v) for v in vmids] for node, vmids in FLEET.items()}
+
+
+def fleet(runner: Any, work: Path) -> dict[str, Any]:
+    """3 nodes x 2 containers: first provision and changed=0 rerun, each one run of provision.yml."""
+    cts = fleet_containers()
+    reports = work / "fleet-reports"
+    runner("destroy.yml", cts, mlstack_destroy_confirm=True)
+    print("provisioning 3 nodes x 2 containers (warm machine):", flush=True)
+    first, _ = timed(runner, "provision.yml", cts, "fleet first provision", fleet_report_dir=str(reports))
+    rerun, run = timed(runner, "provision.yml", cts, "fleet rerun", fleet_report_dir=str(reports))
+    if LOGS:
+        for name in ("fleet.md", "fleet.json"):
+            if (reports / name).is_file():
+                (LOGS / f"fleet-3x2-{name}").write_text((reports / name).read_text())
+    return {"fleet_first_s": first, "fleet_rerun_s": rerun, "fleet_rerun_changed": run.changed()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--calls", type=int, default=20, help="calls per layer and stat tasks per playbook")
+    parser.add_argument("--skip-fleet", action="store_true", help="leave out the 3 nodes x 2 containers run")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--logs", type=Path, help="keep each playbook's output here")
     args = parser.parse_args()
@@ -165,8 +188,12 @@ def main() -> None:
         fig.update(layer_costs(tb, VMIDS[0], args.calls, work))
         for name, transport in TRANSPORTS.items():
             fig[f"task_{name}_s"] = task_cost(tb, work, transport, VMIDS[0], args.calls)
+        if not args.skip_fleet:
+            fig.update(fleet(runner, work))
     finally:
         runner("destroy.yml", cts, mlstack_destroy_confirm=True)
+        if not args.skip_fleet:
+            runner("destroy.yml", fleet_containers(), mlstack_destroy_confirm=True)
 
     print("\nfigures (seconds):")
     for key, value in fig.items():
@@ -183,6 +210,13 @@ def main() -> None:
         f"  pct exec share of a task      {fig['ssh_pct_exec_s'] / fig['task_pct_ssh_s']:6.0%}"
         f" (ssh alone {fig['ssh_kept_s']:.3f} s, lxc-attach alone {fig['lxc_attach_s']:.3f} s)"
     )
+    if "fleet_first_s" in fig:
+        print("one node against three (2 containers each, one run of provision.yml):")
+        print(
+            f"  first provision 3x2 / 1x2     {fig['fleet_first_s'] / fig['first_2ct_s']:6.2f}x (goal 1.5x)"
+        )
+        print(f"  changed=0 rerun 3x2 / 1x2     {fig['fleet_rerun_s'] / fig['rerun_pct_ssh_reuse_s']:6.2f}x")
+        print(f"  rerun per node, 3 nodes       {fig['fleet_rerun_s'] / 3:6.1f} s")
     if args.json:
         args.json.write_text(json.dumps(fig, indent=2) + "\n")
 

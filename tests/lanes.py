@@ -1,0 +1,357 @@
+"""`make test`'s suites after lint: steps run side by side where they only wait on I/O (apt, uv and
+Ansible inside real testbed containers), never two at once that could disturb each other.
+
+What each step holds decides what may run beside it:
+- vmids: the containers its tests make; two steps sharing a vmid never run at once (CT 128 of
+  tests/provision is also CT 128 of the ansible-core 2.21 controller's run of the same file).
+- node: "exclusive" for tests that change the testbed node's global state (the GPU model its nvidia-smi
+  reports, the API server killed and restarted, `testbed up` rewriting sshd's keys): nothing else that
+  uses the node runs meanwhile. "shared" for the rest; "none" for what never touches the node.
+- isolated: the step runs in a mount namespace of its own where the folders a playbook run writes in the
+  checkout (reports/: fleet.json, the doctor's reports; build/dist and the doctor's setuptools build
+  folders) are folders of the step's own, so a test that reads reports/fleet.json reads its own run's.
+  The ansible-core 2.21 steps run in the controller container, which sees the checkout's own folders:
+  they hold one lock, so one at a time writes there.
+
+MLSTACK_TEST_LANES=N runs at most N steps at once (default 4); 1 runs them one after the other in the
+order below, in the checkout's own folders, as a plain `pytest` of each would. Logs: build/test-lanes/.
+Usage: python tests/lanes.py [--only STEP,...] [--list] [-- EXTRA PYTEST ARGS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LOGS = REPO / "build" / "test-lanes"
+PYTEST = [sys.executable, "-m", "pytest", "-q", "--durations=30"]
+TESTBED = "testbed/testbed"
+# Folders of the checkout a playbook run writes to (roles doctor, fleet_report): one set per step.
+ISOLATED = ("reports", "build/dist", "verify/build", "verify/src/mlstack_doctor.egg-info")
+# The files `make test-core221` runs again with ansible-core 2.21 (the Makefile passes its own list).
+CORE221_TESTS = os.environ.get(
+    "CORE221_TESTS",
+    "tests/provision/test_lifecycle.py tests/provision/test_api_token.py tests/provision/test_bad_input.py",
+).split()
+
+
+def span(*parts: int | tuple[int, int]) -> frozenset[int]:
+    """vmids from single ids and inclusive (first, last) ranges."""
+    ids: set[int] = set()
+    for p in parts:
+        ids.update(range(p[0], p[1] + 1) if isinstance(p, tuple) else (p,))
+    return frozenset(ids)
+
+
+@dataclass
+class Step:
+    name: str
+    # pytest paths (a folder runs what no other step claims in it), or argv for a command step.
+    paths: tuple[str, ...] = ()
+    argv: tuple[str, ...] = ()
+    vmids: frozenset[int] = frozenset()
+    node: str = "shared"
+    after: tuple[str, ...] = ()
+    isolated: bool = True
+    # Files another step runs, run here too over this step's own runs.
+    again: tuple[str, ...] = ()
+    # Other things only one step at a time may hold.
+    locks: tuple[str, ...] = ()
+    # Filled in while it runs.
+    state: str = "waiting"
+    rc: int | None = None
+    seconds: float = 0.0
+    summary: str = ""
+    note: str = ""
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def log(self) -> Path:
+        return LOGS / f"{self.name}.log"
+
+
+PROVISION = "tests/provision/"
+# In priority order (and the serial order). The node-exclusive step goes first, beside the steps that
+# never touch the node; then the long shared steps run together to the end.
+PLAN = [
+    Step(
+        "node-state",
+        (
+            # `testbed up` (GPU models, idempotence) and the API server killed and restarted (CT 900).
+            "tests/testbed/test_testbed_cli.py",
+            # `testbed up --nodes 2` (refused while testbed3 holds CT 936; CT 935-936).
+            "tests/testbed/test_multinode.py",
+            # The GPU model set to h200 for a whole module (CT 121, CT 129).
+            PROVISION + "test_policy_refusal.py",
+            PROVISION + "test_upgrade.py",
+            # The nodes' NVIDIA kernel module set, then upgraded (CT 134).
+            PROVISION + "test_driver_upgrade.py",
+            # /dev/nvidia1, passed through to every container, removed from the machine (CT 160).
+            "tests/faults/test_fault_devnode.py",
+        ),
+        # The fault suite's session fixtures (CT 160) come along; so does its secrets grep, over these runs.
+        again=("tests/faults/test_fault_secrets.py",),
+        vmids=span(900, 935, 936, 121, 129, 134, 160),
+        node="exclusive",
+    ),
+    Step("unit", ("verify/tests", "tests/unit"), node="none"),
+    Step(
+        "core221-controller",
+        argv=("sh", "-c", f"{TESTBED} controller up && {TESTBED} controller run -- ansible --version"),
+        node="none",
+        isolated=False,
+    ),
+    # One session: CT 160 is provisioned once for the suite, and the secrets grep reads every run's logs.
+    Step("faults", ("tests/faults",), vmids=span((160, 189))),
+    # Template download (CT 943-944), README commands (CT 100), monitoring (CT 120, 150); vmids 133 and
+    # 135-137 kept for new files.
+    Step("provision", (PROVISION.rstrip("/"),), vmids=span(100, 120, 133, (135, 137), 150, (943, 944))),
+    # The fleet across the cluster's three nodes (CT 130-132), reruns after changes by hand (CT 138).
+    Step(
+        "fleet-rerun",
+        (PROVISION + "test_fleet.py", PROVISION + "test_rerun_state.py"),
+        vmids=span((130, 132), 138),
+    ),
+    # CT 139 is the foreign guest of both lifecycle and bad input.
+    Step("lifecycle", (PROVISION + "test_lifecycle.py",), vmids=span(128, 139)),
+    Step("api-token", (PROVISION + "test_api_token.py",), vmids=span((940, 942))),
+    Step("bad-input", (PROVISION + "test_bad_input.py",), vmids=span((121, 127), 139)),
+    # No playbook run of its own writes reports/; its hostroot containers mount in the machine's namespace.
+    Step("testbed", ("tests/testbed",), vmids=span((900, 939), (949, 959)), isolated=False),
+    Step("molecule", argv=("molecule", "test", "-s", "default"), vmids=span(110)),
+]
+
+
+def plan(extra: list[str]) -> list[Step]:
+    """Every step in priority order: the 2.21 reruns right after the steps whose vmids they wait for."""
+    cut = next(i for i, s in enumerate(PLAN) if s.name == "bad-input") + 1
+    return [*PLAN[:cut], *core221_steps(extra), *PLAN[cut:]]
+
+
+def claimed() -> dict[str, str]:
+    """Test files named by a step -> that step."""
+    return {p: s.name for s in PLAN for p in s.paths if p.endswith(".py")}
+
+
+def pytest_argv(step: Step, extra: list[str]) -> list[str]:
+    """pytest over the step's paths, leaving out files other steps name under its folders."""
+    ignores = [
+        f"--ignore={f}"
+        for f, owner in claimed().items()
+        if owner != step.name and any(f.startswith(p.rstrip("/") + "/") for p in step.paths)
+    ]
+    cache = f"cache_dir={LOGS / step.name / 'pytest-cache'}"
+    temp = f"--basetemp=/tmp/mlstack-test-{step.name}"
+    return [*PYTEST, "-o", cache, temp, *ignores, *step.paths, *step.again, *extra]
+
+
+def runs(step: Step, path: str) -> bool:
+    """Whether `path` (a test file or folder) runs, at least in part, in `step`."""
+    files = claimed()
+    if path in files:
+        return files[path] == step.name
+    path = path.rstrip("/")
+    return any(
+        p == path or p.startswith(path + "/") or path.startswith(p.rstrip("/") + "/") for p in step.paths
+    )
+
+
+def core221_split() -> tuple[list[str], list[str]]:
+    """CORE221_TESTS as (test paths, pytest options such as `--deselect PATH`)."""
+    paths: list[str] = []
+    options: list[str] = []
+    tokens = iter(CORE221_TESTS)
+    for token in tokens:
+        if token in ("--deselect", "--ignore", "-k", "-m"):
+            options += [token, next(tokens, "")]
+        elif token.startswith("-"):
+            options.append(token)
+        else:
+            paths.append(token)
+    return paths, options
+
+
+def core221_steps(extra: list[str]) -> list[Step]:
+    """The provisioning files again on ansible-core 2.21, one step per path, each holding the vmids (and
+    the node, where a node-exclusive step runs the file) of the steps that run it here."""
+    paths, options = core221_split()
+    steps = []
+    for path in paths:
+        here = [s for s in PLAN if s.paths and runs(s, path)]
+        node = "exclusive" if any(s.node == "exclusive" for s in here) else "shared"
+        name = "core221-" + Path(path).stem.removeprefix("test_").replace("_", "-")
+        argv = (TESTBED, "controller", "run", "--", "pytest", "-q", "--durations=10", path, *options, *extra)
+        vmids = frozenset().union(*(s.vmids for s in here))
+        # The controller container sees the checkout's own reports/ (bound when it started): one at a time.
+        steps.append(
+            Step(name, argv=argv, vmids=vmids, node=node, after=("core221-controller",), isolated=False)
+        )
+        steps[-1].locks = ("checkout-reports",)
+    return steps
+
+
+def command(step: Step, extra: list[str], lanes: int) -> list[str]:
+    argv = pytest_argv(step, extra) if step.paths else list(step.argv)
+    if lanes == 1 or not step.isolated:
+        return argv
+    binds = []
+    for rel in ISOLATED:
+        own = LOGS / step.name / rel.replace("/", "_")
+        own.mkdir(parents=True, exist_ok=True)
+        (REPO / rel).mkdir(parents=True, exist_ok=True)
+        binds.append(f"mount --bind {shlex.quote(str(own))} {shlex.quote(str(REPO / rel))}")
+    script = " && ".join([*binds, 'exec "$@"'])
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", *argv]
+
+
+def conflicts(step: Step, running: list[Step]) -> bool:
+    for other in running:
+        if step.vmids & other.vmids or set(step.locks) & set(other.locks):
+            return True
+        if "exclusive" in (step.node, other.node) and "none" not in (step.node, other.node):
+            return True
+    return False
+
+
+PROGRESS = re.compile(rb"\[\s*(\d+)%\]")
+# pytest's last line: "12 passed, 1 skipped in 80.31s (0:01:20)" (between "=" rules without -q).
+SUMMARY = re.compile(
+    r"^=*\s*(.*\b(?:passed|failed|errors?|skipped|deselected|no tests ran)\b.* in [\d.]+s.*?)\s*=*$"
+)
+
+
+class Runner:
+    def __init__(self, steps: list[Step], extra: list[str], lanes: int) -> None:
+        self.steps, self.extra, self.lanes = steps, extra, lanes
+        self.t0 = time.monotonic()
+        self.lock = threading.Lock()
+
+    def say(self, text: str) -> None:
+        elapsed = int(time.monotonic() - self.t0)
+        print(f"[lanes {elapsed // 60:02d}:{elapsed % 60:02d}] {text}", flush=True)
+
+    def env(self, step: Step) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.lanes > 1 and step.node != "exclusive":
+            # tests/conftest.py: only check that the testbed is up, never `up` it or change its GPU model.
+            env["MLSTACK_TESTBED_SHARED"] = "1"
+        return env
+
+    def start(self, step: Step) -> None:
+        step.state, step.seconds = "running", time.monotonic()
+        argv = command(step, self.extra if step.paths else [], self.lanes)
+        LOGS.mkdir(parents=True, exist_ok=True)
+        out = step.log.open("wb")
+        out.write(f"$ {shlex.join(argv)}\n".encode())
+        out.flush()
+        step.proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=self.env(step))
+        out.close()
+        what = " ".join(step.paths) or " ".join(step.argv)
+        self.say(f"{step.name} started: {what} (log {os.path.relpath(step.log, REPO)})")
+
+    def finish(self, step: Step, rc: int) -> None:
+        step.rc, step.seconds = rc, time.monotonic() - step.seconds
+        step.state = "passed" if rc == 0 else "failed"
+        lines = step.log.read_text(errors="replace").splitlines()
+        step.summary = next((m.group(1) for ln in reversed(lines) if (m := SUMMARY.match(ln))), f"exit {rc}")
+        self.say(f"{step.name} {step.state} in {step.seconds:.0f} s: {step.summary}")
+
+    def progress(self, step: Step) -> str:
+        tail = step.log.read_bytes()[-4000:] if step.log.exists() else b""
+        found = PROGRESS.findall(tail)
+        return f"{step.name} {int(found[-1])}%" if found else step.name
+
+    def ready(self, step: Step, running: list[Step], blocked: list[Step]) -> bool:
+        deps = [s for s in self.steps if s.name in step.after]
+        if any(d.state == "failed" or d.note for d in deps):
+            step.state, step.note = "failed", f"not run: {', '.join(d.name for d in deps)} failed"
+            self.say(f"{step.name} {step.note}")
+            return False
+        if any(d.state != "passed" for d in deps) or conflicts(step, running):
+            return False
+        # An earlier step still waiting keeps what it needs from being taken by later ones.
+        return not any(conflicts(step, [b]) for b in blocked)
+
+    def run(self) -> int:
+        heartbeat = time.monotonic()
+        while True:
+            running = [s for s in self.steps if s.state == "running"]
+            for s in running:
+                assert s.proc is not None
+                if (rc := s.proc.poll()) is not None:
+                    self.finish(s, rc)
+            running = [s for s in self.steps if s.state == "running"]
+            blocked: list[Step] = []
+            for s in [s for s in self.steps if s.state == "waiting"]:
+                if len(running) < self.lanes and self.ready(s, running, blocked):
+                    self.start(s)
+                    running.append(s)
+                elif s.state == "waiting":
+                    blocked.append(s)
+                if self.lanes == 1 and s.state == "waiting":
+                    break  # serial: strictly in order
+            if not running and not [s for s in self.steps if s.state == "waiting"]:
+                break
+            if not running:  # nothing can ever start (a cycle or a failed dependency left)
+                for s in self.steps:
+                    if s.state == "waiting":
+                        s.state, s.note = "failed", "not run: its dependencies did not pass"
+                break
+            if time.monotonic() - heartbeat > 60:
+                heartbeat = time.monotonic()
+                waiting = [s.name for s in self.steps if s.state == "waiting"]
+                self.say(f"running: {', '.join(self.progress(s) for s in running)}; waiting: {waiting}")
+            time.sleep(1)
+        return self.report()
+
+    def report(self) -> int:
+        failed = [s for s in self.steps if s.state != "passed"]
+        for s in failed:
+            if s.rc is not None:
+                tail = "\n".join(s.log.read_text(errors="replace").splitlines()[-60:])
+                print(f"\n----- {s.name} failed (exit {s.rc}); last lines of {s.log}:\n{tail}", flush=True)
+        print("\nstep                 result   seconds  summary")
+        for s in self.steps:
+            print(f"{s.name:<20} {s.state:<8} {s.seconds:>7.0f}  {s.note or s.summary}")
+        self.say(f"{len(self.steps) - len(failed)}/{len(self.steps)} steps passed")
+        return 1 if failed else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--only", help="comma-separated step names (dependencies are not added)")
+    parser.add_argument("--list", action="store_true", help="print the steps and their commands, run nothing")
+    parser.add_argument("extra", nargs="*", help="more pytest arguments for every pytest step (after --)")
+    args = parser.parse_args()
+    lanes = int(os.environ.get("MLSTACK_TEST_LANES", "4"))
+    if os.geteuid() != 0:
+        lanes = 1  # the namespaces need root (the testbed suites skip without it anyway)
+    steps = plan(args.extra)
+    if args.only:
+        names = args.only.split(",")
+        unknown = set(names) - {s.name for s in steps}
+        if unknown:
+            parser.error(f"unknown steps {sorted(unknown)}; known: {[s.name for s in steps]}")
+        steps = [s for s in steps if s.name in names]
+        for s in steps:
+            s.after = tuple(a for a in s.after if a in names)
+    if args.list:
+        for s in steps:
+            print(f"{s.name} [node {s.node}, vmids {len(s.vmids)}]: {shlex.join(command(s, args.extra, 1))}")
+        return 0
+    return Runner(steps, args.extra, max(1, lanes)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

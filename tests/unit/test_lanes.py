@@ -1,0 +1,50 @@
+"""tests/lanes.py's plan: every test file runs in exactly one step, and steps that may run at once never
+share a vmid (what `make test` relies on to run the suites side by side without dropping a test)."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+
+import lanes  # noqa: E402
+
+TEST_FILES = sorted(
+    str(p.relative_to(REPO)) for root in ("verify/tests", "tests") for p in (REPO / root).rglob("test_*.py")
+)
+
+
+@pytest.mark.parametrize("path", TEST_FILES)
+def test_every_test_file_runs_in_exactly_one_step(path: str) -> None:
+    steps = [s.name for s in lanes.PLAN if s.paths and lanes.runs(s, path)]
+    assert len(steps) == 1, f"{path} runs in {steps}"
+
+
+def test_steps_beside_each_other_share_only_the_vmids_run_on_both_controllers() -> None:
+    """Two shared steps holding one vmid never run at once; only ansible-core 2.21's reruns of provisioning
+    files (and CT 139, the foreign guest of lifecycle and bad input) are held twice."""
+    core221 = lanes.core221_steps([])
+    twice = frozenset().union(*(s.vmids for s in core221))
+    steps = [s for s in [*lanes.PLAN, *core221] if s.node != "exclusive"]
+    for a, b in itertools.combinations(steps, 2):
+        assert a.vmids & b.vmids <= twice, (a.name, b.name, sorted(a.vmids & b.vmids))
+        assert not a.vmids & b.vmids or lanes.conflicts(a, [b])
+
+
+@pytest.mark.parametrize("step", lanes.core221_steps([]), ids=lambda s: s.name)
+def test_a_core221_step_waits_for_the_step_running_its_file_here(step: lanes.Step) -> None:
+    path = next(a for a in step.argv if a.startswith("tests/"))
+    here = [s for s in lanes.PLAN if s.paths and lanes.runs(s, path)]
+    assert here and all(lanes.conflicts(step, [s]) for s in here)
+    assert step.after == ("core221-controller",)
+
+
+def test_core221_steps_run_one_at_a_time() -> None:
+    """Their controller writes the checkout's own reports/, which a lifecycle test reads back."""
+    for a, b in itertools.combinations(lanes.core221_steps([]), 2):
+        assert lanes.conflicts(a, [b]), (a.name, b.name)

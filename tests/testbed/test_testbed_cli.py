@@ -33,7 +33,7 @@ def test_up_is_idempotent_and_fast(testbed: client.Testbed) -> None:
     r = run([TESTBED, "up"], timeout=120)
     assert r.returncode == 0, r.stderr
     assert time.monotonic() - t0 < 10
-    assert "already up: API pid" in r.stdout and "already up: sshd pid" in r.stdout
+    assert "already up: API pid" in r.stdout and "already up: node testbed: sshd pid" in r.stdout
 
 
 def test_status_json(testbed: client.Testbed) -> None:
@@ -56,9 +56,12 @@ def test_testbed_json_contract(testbed: client.Testbed) -> None:
     assert stat.S_IMODE(os.stat(data["api_password_file"]).st_mode) == 0o600
     assert Path(data["api_ca_file"]).read_text().startswith("-----BEGIN CERTIFICATE-----")
     assert Path(data["ssh_key_file"]).is_file()
-    line = Path(data["ssh_known_hosts_file"]).read_text().strip()
-    assert line.startswith("[127.0.0.1]:2222 ssh-ed25519 ")
-    assert line in Path("/etc/ssh/ssh_known_hosts").read_text().splitlines()
+    # One pinned line per node of the cluster, each also in the system file (paramiko reads only that).
+    lines = Path(data["ssh_known_hosts_file"]).read_text().splitlines()
+    assert lines[0].startswith("[127.0.0.1]:2222 ssh-ed25519 ")
+    assert [ln.split()[0] for ln in lines] == [f"[{n['ssh_host']}]:{n['ssh_port']}" for n in data["nodes"]]
+    system = Path("/etc/ssh/ssh_known_hosts").read_text().splitlines()
+    assert all(line in system for line in lines)
     assert "/dev/nvidia0" in data["gpu_nodes"] and "/dev/nvidiactl" in data["gpu_nodes"]
 
 

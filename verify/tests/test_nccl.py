@@ -363,3 +363,14 @@ def test_fingerprint_without_model_does_not_walk_the_working_directory(
     (tmp_path / "big.bin").write_bytes(b"x")
     monkeypatch.chdir(tmp_path)
     assert reuse._model_lines("") == ["model:"]
+
+
+def test_a_rendezvous_that_cannot_reach_loopback_is_named() -> None:
+    """torch 2.11's words on the H200 machine, in a container whose lo was down."""
+    text = (
+        "DistNetworkError: The client socket has failed to connect to any network address of "
+        "(127.0.0.1, 38739). The client socket has failed to connect to localhost:38739 "
+        "(errno: 101 - Network is unreachable)."
+    )
+    assert classify(text, "NCCL_FAILED") == "NCCL_LOOPBACK_DOWN"
+    assert classify("connection refused by 10.0.0.2", "NCCL_FAILED") == "NCCL_FAILED"

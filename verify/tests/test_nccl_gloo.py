@@ -79,6 +79,24 @@ def test_tiny_dev_shm_is_the_root_cause(torch_venv: Path) -> None:
     assert "4 MiB free" in run.root["summary"] and "lxc.mount.entry" in run.root["fix"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+def test_loopback_down_is_named_at_once(torch_venv: Path) -> None:
+    """A network namespace of the doctor's own, whose lo is down (as in a container no init brought up):
+    named before any rank starts, instead of the rendezvous retrying for minutes."""
+    script = f"exec {torch_venv} -m mlstack_doctor --json --quiet " + " ".join(GLOO)
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        ["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, env=doctor_env(), timeout=180
+    )
+    seconds = time.monotonic() - t0
+    if proc.returncode not in (0, 1):
+        pytest.skip(f"cannot make a network namespace here: {proc.stderr[-300:]}")
+    run = DoctorRun(proc.returncode, json.loads(proc.stdout), proc.stdout, proc.stderr)
+    assert run.rc == 1 and run.root["code"] == "NCCL_LOOPBACK_DOWN", run.root
+    assert run.root["probe"] == "nccl_collectives" and "ip link set lo up" in run.root["fix"]
+    assert seconds < 60, f"took {seconds:.0f} s: the ranks were started"
+
+
 def _ranks_of(pid: int) -> list[int]:
     """The spawned rank processes under the doctor `pid` (its worker's children), read from /proc."""
     kids: dict[int, list[tuple[int, str]]] = {}

@@ -10,7 +10,8 @@ On any machine with NVIDIA device nodes (a real GPU, or the testbed's dummy node
 2. binds the host's driver library folder read-only (the nvidia_userspace `bind` method) and does the
    role's steps inside (ld.so.conf.d entry + ldconfig);
 3. runs the doctor inside with `pct exec`, prints its report and checks its verdict, for:
-     pass         everything passed through                               -> doctor passes (full tier)
+     pass         everything passed through                               -> doctor passes (full tier),
+                  then with more than one GPU its NCCL tier across them    -> passes (exact sums, busbw)
      fault-node   /dev/nvidia-uvm not passed, so its major:minor not allowed -> NVIDIA_UVM_MISSING
      fault-libs   the driver libraries not bound             -> NVML_UNAVAILABLE or LIBCUDA_NOT_FOUND
      fault-perm   unprivileged CT, nodes with a wrong gid and mode 0660,
@@ -53,6 +54,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--pass-tier", default="full", choices=("quick", "full"))
     p.add_argument("--fault-tier", default="quick", choices=("quick", "full"))
+    p.add_argument(
+        "--nccl",
+        default="auto",
+        choices=("auto", "always", "never"),
+        help="after a passing pass case, the doctor's NCCL tier in its container: auto (more than one GPU, "
+        "as provisioning does), always (also one GPU: one rank), never",
+    )
     p.add_argument(
         "--pass-skip",
         default="",

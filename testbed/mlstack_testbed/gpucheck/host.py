@@ -112,6 +112,11 @@ class Host:
     def gpu(self) -> bool:
         return bool(self.driver)
 
+    @property
+    def gpu_count(self) -> int:
+        """The GPU device nodes (/dev/nvidiaN), each passed through to the pass case."""
+        return sum(1 for n in self.nodes if re.fullmatch(r"/dev/nvidia\d+", n))
+
 
 def nvidia_nodes() -> list[str]:
     """What pve_host finds: /dev/nvidia* and /dev/nvidia-caps/*, device nodes only."""

@@ -110,6 +110,30 @@ def evaluate(case: Case, host: Host, report: dict[str, Any] | None) -> None:
         )
 
 
+def evaluate_nccl(case: Case, report: dict[str, Any] | None) -> None:
+    """The pass case's NCCL tier: every probe passes (exact sums across the GPUs, bus bandwidth at or
+    above the link's floor); the bandwidth table is kept in the result, a failure makes the case wrong."""
+    res = case.result
+    if report is None:
+        res.update(verdict="wrong", detail=f"{res.get('detail', '')}; the NCCL tier gave no report")
+        return
+    pr = probes(report)
+    fails = [(p["name"], p.get("code")) for p in report["probes"] if p["status"] == "fail"]
+    bandwidth = pr.get("nccl_bandwidth", {})
+    res["nccl"] = {
+        "ok": not fails,
+        "collectives": pr.get("nccl_collectives", {}).get("summary"),
+        "bandwidth": bandwidth.get("summary"),
+        "link": pr.get("nccl_topology", {}).get("summary"),
+        "busbw_table": bandwidth.get("evidence", {}).get("busbw_table"),
+    }
+    said = f"NCCL tier: {res['nccl']['collectives']}; {res['nccl']['bandwidth']}"
+    if fails:
+        res.update(verdict="wrong", detail=f"{res.get('detail', '')}; {said}; failed: {fails}")
+    else:
+        res["detail"] = f"{res.get('detail', '')}; {said}"
+
+
 def print_host(lxc: str, host: Host, rootfs_mode: str) -> None:
     """What the cases are built from, printed before they run."""
     print("== host")

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from .. import paths
 from .cases import DOCTOR_MP, USER_GROUPS, USER_UID, Case
 from .host import REPO, Host
-from .report import evaluate
+from .report import evaluate, evaluate_nccl
 
 LD_CONF = "/etc/ld.so.conf.d/mlstack-nvidia.conf"
 # Run inside with the host's interpreter: mknod each host node afresh and open it. The device cgroup is
@@ -139,10 +139,19 @@ def run_case(case: Case, host: Host, args: argparse.Namespace) -> None:
                 res["cgroup_check"] = json.loads(r.stdout.strip().splitlines()[-1])
             except (ValueError, IndexError):
                 res["cgroup_check"] = None
+        # A PVE container's init (systemd, ifupdown) brings lo up and mounts a tmpfs on /dev/shm at boot;
+        # these run no init (and lxc.autodev gives a /dev without /dev/shm). NCCL needs both.
+        step(
+            "bring lo up and mount a tmpfs on /dev/shm inside, as the container's init does",
+            pct(["exec", str(case.vmid), "--", host.python, "-c", INIT_STEPS]),
+        )
         userspace(case, host, step)
         report = run_doctor(case, host, args, step)
         res["doctor"] = report
         evaluate(case, host, report)
+        if case.name == "pass" and res.get("verdict") == "ok" and wants_nccl(host, args):
+            nccl = run_doctor(case, host, args, step, tier="nccl")
+            evaluate_nccl(case, nccl)
     finally:
         if not args.keep:
             cleanup(case.vmid)
@@ -218,7 +227,29 @@ def userspace(case: Case, host: Host, step: Step) -> None:
     )
 
 
-def run_doctor(case: Case, host: Host, args: argparse.Namespace, step: Step) -> dict[str, Any] | None:
+# In Python (the host's, which every case runs): a GPU host's image may have no `ip`.
+INIT_STEPS = """
+import fcntl, os, socket, struct, subprocess
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+with socket.socket() as s:
+    flags = struct.unpack("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH14x", b"lo", 0))[:18])[1]
+    fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+print("lo up")
+if not os.path.ismount("/dev/shm"):
+    os.makedirs("/dev/shm", exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs", "/dev/shm"], check=True)
+    print("/dev/shm: tmpfs mounted")
+"""
+
+
+def wants_nccl(host: Host, args: argparse.Namespace) -> bool:
+    """The NCCL tier after the pass case: with several GPUs (as provisioning runs it), or when asked."""
+    return args.nccl == "always" or (args.nccl == "auto" and host.gpu_count > 1)
+
+
+def run_doctor(
+    case: Case, host: Host, args: argparse.Namespace, step: Step, tier: str | None = None
+) -> dict[str, Any] | None:
     """The doctor inside with `pct exec` (as the case's user), its JSON report pulled back, or None."""
     vmid = str(case.vmid)
     home = "/root"
@@ -235,7 +266,9 @@ def run_doctor(case: Case, host: Host, args: argparse.Namespace, step: Step) -> 
             )
             python = "/usr/bin/python3"
         pct(["exec", vmid, "--", *prefix, "mkdir", "-p", home])
-    out = f"/tmp/doctor-{case.name}.json"
+    tier = tier or case.tier
+    name = case.name if tier == case.tier else f"{case.name}-{tier}"
+    out = f"/tmp/doctor-{name}.json"
     env = [
         "env",
         f"HOME={home}",
@@ -248,7 +281,7 @@ def run_doctor(case: Case, host: Host, args: argparse.Namespace, step: Step) -> 
         "-m",
         "mlstack_doctor",
         "--tier",
-        case.tier,
+        tier,
         "--model",
         "tiny",
         "--quiet",
@@ -263,18 +296,19 @@ def run_doctor(case: Case, host: Host, args: argparse.Namespace, step: Step) -> 
         pct(["push", vmid, str(lock), f"{inside}/uv.lock"])
         doctor += ["--profile", inside]
     doctor += ["--purpose", args.purpose]
-    if case.name == "pass" and args.pass_skip:
-        doctor += ["--only", ",".join(doctor_probes(case.tier, args.pass_skip.split(",")))]
+    if case.name == "pass" and args.pass_skip and tier == case.tier:
+        doctor += ["--only", ",".join(doctor_probes(tier, args.pass_skip.split(",")))]
         case.result["skipped_probes"] = args.pass_skip
-    timeout = 1500 if case.tier != "quick" else 600
+    timeout = 1500 if tier != "quick" else 600
     argv = ["exec", vmid, "--", *prefix, *env, *doctor]
     t0 = time.monotonic()
     r = pct(argv, timeout=timeout)
-    case.result["doctor_rc"] = r.returncode
-    case.result["doctor_seconds"] = round(time.monotonic() - t0, 1)
+    key = "doctor" if tier == case.tier else f"doctor_{tier}"
+    case.result[f"{key}_rc"] = r.returncode
+    case.result[f"{key}_seconds"] = round(time.monotonic() - t0, 1)
     who = f"uid {USER_UID}" if case.as_user else "root"
-    secs = case.result["doctor_seconds"]
-    step(f"pct exec {vmid} -- mlstack-doctor --tier {case.tier} --model tiny  (as {who}, {secs} s)", r)
+    secs = case.result[f"{key}_seconds"]
+    step(f"pct exec {vmid} -- mlstack-doctor --tier {tier} --model tiny  (as {who}, {secs} s)", r)
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / "report.json"
         pr = pct(["pull", vmid, out, str(local)])
@@ -284,7 +318,7 @@ def run_doctor(case: Case, host: Host, args: argparse.Namespace, step: Step) -> 
         report: dict[str, Any] = json.loads(local.read_text())
     if args.report_dir:
         Path(args.report_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.report_dir) / f"doctor-{case.name}.json").write_text(json.dumps(report, indent=1) + "\n")
+        (Path(args.report_dir) / f"doctor-{name}.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
 
 

@@ -279,6 +279,12 @@ CODES: dict[str, Code] = {
         "(often copied from the host): the ranks cannot bootstrap",
         "unset NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME, or set them to an interface of ip -br link here",
     ),
+    "NCCL_LOOPBACK_DOWN": Code(
+        "127.0.0.1 is unreachable in this container (its loopback interface is down): the ranks cannot "
+        "meet at torch.distributed's TCP store, and a job would hang at init_process_group",
+        "ip link set lo up inside; for good: 'auto lo' / 'iface lo inet loopback' in the container's "
+        "/etc/network/interfaces (PVE's templates have it), or let its init (systemd-networkd) bring lo up",
+    ),
     "NCCL_WRONG_RESULT": Code(
         "an all-reduce or all-gather over known inputs returned wrong values: a corrupting link, driver "
         "or NCCL build",
@@ -331,6 +337,13 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
     (
         "NCCL_SOCKET_IFNAME_WRONG",
         re.compile(r"no socket interface found|Unable to find address for|Bootstrap : no socket interface"),
+    ),
+    (
+        "NCCL_LOOPBACK_DOWN",
+        re.compile(
+            r"failed to connect to (any network address of \(127\.0\.0\.1|localhost:\d+)"
+            r".*Network is unreachable"
+        ),
     ),
     (
         "NCCL_TIMEOUT",

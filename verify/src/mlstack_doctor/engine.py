@@ -163,11 +163,13 @@ PROBES: tuple[Probe, ...] = (
     ),
     Probe("nccl_shm", Stage.NCCL, nccl.nccl_shm, min_tier="nccl"),
     Probe("nccl_topology", Stage.NCCL, nccl.nccl_topology, ("nccl_gpus",), gpu=True, min_tier="nccl"),
+    # Without room in /dev/shm NCCL hangs until its timeout (seen in a container with no /dev/shm): the
+    # collectives wait for nccl_shm, whose root cause is the same one, minutes sooner.
     Probe(
         "nccl_collectives",
         Stage.NCCL,
         nccl.nccl_collectives,
-        ("nccl_gpus",),
+        ("nccl_gpus", "nccl_shm"),
         ("torch",),
         min_tier="nccl",
         slow=True,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import socket
 from typing import Any
 
 from mlstack_doctor import nccl, runner, visible
@@ -156,6 +157,18 @@ def _rank_gpus(ctx: Context, n: int, listed: int) -> list[int]:
     return list(range(min(n, listed)))
 
 
+def loopback_error() -> str | None:
+    """Why a TCP connection to 127.0.0.1 fails here (torch.distributed's rendezvous), or None."""
+    try:
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+            with socket.create_connection(server.getsockname(), timeout=5):
+                return None
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+
+
 def nccl_collectives(ctx: Context) -> Result:
     """all-reduce and all-gather over known inputs, exact; then the bandwidth sweep (kept for the next
     probe). A failure or hang under NCCL with several ranks is retried once with NCCL_P2P_DISABLE=1: when
@@ -164,6 +177,12 @@ def nccl_collectives(ctx: Context) -> Result:
     be, n = backend(ctx), ranks(ctx)
     if n < 1:
         return skipped(name, stage, "skipped: no rank to run (CUDA sees no GPU)", skipped_by="nccl_gpus")
+    # The ranks meet at a TCP store on 127.0.0.1: with the loopback down they retry for minutes.
+    unreachable = loopback_error()
+    if unreachable:
+        code = "NCCL_LOOPBACK_DOWN"
+        summary = f"{be}, {n} rank(s) not started: 127.0.0.1 unreachable here ({unreachable})"
+        return failed(name, stage, summary, code, fix_for(code), backend=be, ranks=n)
     res = _run(ctx, be, n, {})
     ev: dict[str, Any] = {"backend": be, "ranks": n, **_worker_ev(res)}
     if res.ok:

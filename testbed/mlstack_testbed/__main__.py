@@ -12,7 +12,20 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from . import controller, daemons, gpu, host_setup, nodes, nvdriver, nvsmi, paths, realct, rootfs, sshd
+from . import (
+    client,
+    controller,
+    daemons,
+    gpu,
+    host_setup,
+    nodes,
+    nvdriver,
+    nvsmi,
+    paths,
+    realct,
+    rootfs,
+    sshd,
+)
 from .proc import report_up, say
 
 API_MARKER = "mlstack_testbed.api"
@@ -146,13 +159,9 @@ def refuse_dropping_busy_nodes(previous: list[nodes.Node], cluster: list[nodes.N
     """Fewer nodes than before: only when the nodes left out hold no container (PVE, too, removes a node
     from its cluster only once its guests are gone)."""
     dropped = {n.name for n in previous[len(cluster) :]}
-    if not dropped or not paths.API_STATE.is_file():
+    if not dropped:
         return
-    held = [
-        f"CT {c['vmid']} on {c['node']}"
-        for c in json.loads(paths.API_STATE.read_text()).get("cts", [])
-        if c.get("node") in dropped
-    ]
+    held = [f"CT {c['vmid']} on {c['node']}" for c in client.saved_cts() if c.get("node") in dropped]
     if held:
         raise RuntimeError(
             f"--nodes {len(cluster)} would drop {', '.join(sorted(dropped))}, which still hold(s) "
@@ -210,6 +219,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     model_changed = nvsmi.select(args.gpu_model)
     (done if model_changed else already).append(f"gpu model: {args.gpu_model or 'none (no driver)'}")
     nodes_changed = nodes.record(len(cluster))
+    sshd.prepare_client_key()
     for node in cluster:
         ensure_node_sshd(node, done, already)
     sshd.pin_host_keys(cluster)
@@ -244,18 +254,17 @@ def collect_status() -> dict[str, Any]:
     cluster = nodes.cluster()
     ssh = {n.name: sshd.running(n) for n in cluster}
     cts = []
-    if paths.API_STATE.is_file():
-        for item in json.loads(paths.API_STATE.read_text()).get("cts", []):
-            real, pid = realct.state(int(item["vmid"]))
-            cts.append(
-                {
-                    "vmid": item["vmid"],
-                    "node": item.get("node", paths.FIRST_NODE),
-                    "hostname": item["config"].get("hostname"),
-                    "real": real,
-                    "pid": pid,
-                }
-            )
+    for item in client.saved_cts():
+        real, pid = realct.state(int(item["vmid"]))
+        cts.append(
+            {
+                "vmid": item["vmid"],
+                "node": item.get("node", paths.FIRST_NODE),
+                "hostname": item["config"].get("hostname"),
+                "real": real,
+                "pid": pid,
+            }
+        )
     return {
         "schema_version": 1,
         "up": bool(api and all(ssh.values()) and host_setup.bridge_up()),
@@ -322,8 +331,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def testbed_vmids() -> list[int]:
     """Containers of the testbed: those in its API state, and real ones carrying its config header."""
     vmids = set()
-    if paths.API_STATE.is_file():
-        vmids |= {int(c["vmid"]) for c in json.loads(paths.API_STATE.read_text()).get("cts", [])}
+    vmids |= {int(c["vmid"]) for c in client.saved_cts()}
     for d in paths.LXC_PATH.glob("*/config") if paths.LXC_PATH.is_dir() else []:
         first = d.read_text(errors="replace").split("\n", 1)[0]
         if d.parent.name.isdigit() and realct.ORIGIN in first:

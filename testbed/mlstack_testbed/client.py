@@ -2,7 +2,7 @@
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ class Testbed:
     host_bridge: str
     gpu_nodes: list[str]
     state_dir: str
+    # The cluster's nodes ({name, ssh_host, ssh_port}), the first node above included.
+    nodes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def api_password(self) -> str:
@@ -50,7 +52,18 @@ class Testbed:
 def load(path: Path = paths.TESTBED_JSON) -> Testbed:
     data = json.loads(path.read_text())
     fields = Testbed.__dataclass_fields__
-    return Testbed(**{k: v for k, v in data.items() if k in fields})
+    tb = Testbed(**{k: v for k, v in data.items() if k in fields})
+    if not tb.nodes:  # written before the testbed was a cluster: its one node
+        tb.nodes.append({"name": tb.node, "ssh_host": tb.ssh_host, "ssh_port": tb.ssh_port})
+    return tb
+
+
+def saved_cts() -> list[dict[str, Any]]:
+    """The containers the API server saved last (api-state.json: vmid, node, config, ...); none before
+    its first save."""
+    if not paths.API_STATE.is_file():
+        return []
+    return list(json.loads(paths.API_STATE.read_text()).get("cts", []))
 
 
 def wait_task(api: Any, node: str, upid: str, timeout: float = 300) -> dict[str, Any]:

@@ -81,11 +81,3 @@ def record(count: int) -> bool:
     tmp.write_text(json.dumps({"nodes": names}) + "\n")
     tmp.replace(paths.NODES_FILE)
     return True
-
-
-def recorded_count() -> int:
-    return len(paths.cluster_nodes())
-
-
-def find(name: str) -> Node | None:
-    return next((n for n in cluster() if n.name == name), None)

@@ -10,7 +10,6 @@ MLSTACK_TESTBED_PCT=direct, the non-exec verbs use the direct backend (direct.py
 translation on a local config file per container, no API server. MLSTACK_TESTBED_PCT=api forces the API.
 """
 
-import json
 import os
 import platform
 import sys
@@ -170,10 +169,10 @@ def cmd_list() -> int:
 
 def api_node_of(vmid: int) -> str | None:
     """The node the API has the container on (its saved state); None where no API state says."""
-    if direct_mode() or not paths.API_STATE.is_file():
+    if direct_mode():
         return None
     try:
-        cts = json.loads(paths.API_STATE.read_text()).get("cts", [])
+        cts = client.saved_cts()
     except (OSError, ValueError):
         return None
     return next((str(c.get("node") or paths.FIRST_NODE) for c in cts if int(c["vmid"]) == vmid), None)

@@ -30,16 +30,22 @@ def pin_host_keys(cluster: list[Node]) -> None:
     paths.SSH_KNOWN_HOSTS.write_text("".join(known_hosts_line(n) + "\n" for n in cluster))
 
 
+def prepare_client_key() -> None:
+    """root's key, one for every node (PVE shares root's authorized_keys cluster-wide). authorized_keys
+    is written only when it differs: a running sshd reads it at each login."""
+    _keygen(paths.SSH_CLIENT_KEY, "mlstack-testbed-client")
+    line = paths.SSH_CLIENT_KEY.with_suffix(".pub").read_text().strip() + "\n"
+    if not paths.SSH_AUTHORIZED_KEYS.is_file() or paths.SSH_AUTHORIZED_KEYS.read_text() != line:
+        paths.SSH_AUTHORIZED_KEYS.write_text(line)
+    paths.SSH_AUTHORIZED_KEYS.chmod(0o600)
+
+
 def prepare(node: Node) -> bool:
-    """Keys, authorized_keys, sshd_config, and the scripts shown in /usr/sbin; True when a script was
+    """The node's host key, sshd_config, and the scripts shown in /usr/sbin; True when a script was
     new or changed (a running sshd's overlay may not show it: restart it)."""
     node.home.mkdir(parents=True, exist_ok=True)
     node.home.chmod(0o700)
     _keygen(node.host_key, f"mlstack-testbed-host-{node.name}" if not node.first else "mlstack-testbed-host")
-    _keygen(paths.SSH_CLIENT_KEY, "mlstack-testbed-client")
-    pub = paths.SSH_CLIENT_KEY.with_suffix(".pub").read_text().strip()
-    paths.SSH_AUTHORIZED_KEYS.write_text(pub + "\n")
-    paths.SSH_AUTHORIZED_KEYS.chmod(0o600)
     node.sshd_config.write_text(
         "\n".join(
             [

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from mlstack_testbed import client
 
 REPO = Path(__file__).resolve().parents[2]
 # The Ansible of the interpreter running the tests: .venv's (ansible-core 2.19), or the 2.21 controller's
@@ -75,16 +76,6 @@ def set_gpu_model(model: str | None) -> None:
         raise RuntimeError(f"{' '.join(argv)} failed:\n{r.stdout}\n{r.stderr}")
 
 
-def testbed_nodes() -> dict[str, dict[str, Any]]:
-    """The testbed cluster's nodes by name ({name, ssh_host, ssh_port}), as its testbed.json gives them."""
-    state = Path(os.environ.get("MLSTACK_TESTBED_STATE", "/var/lib/mlstack-testbed"))
-    data = json.loads((state / "testbed.json").read_text())
-    return {
-        n["name"]: n
-        for n in data.get("nodes") or [{"name": "testbed", "ssh_host": "127.0.0.1", "ssh_port": 2222}]
-    }
-
-
 def make_runner(workdir: Path, env: dict[str, str] | None = None) -> Callable[..., PlaybookRun]:
     """A runner of the repo's playbooks against the testbed, with the testbed's group_vars and the given
     containers: run(name, containers, **extra_vars). `containers` is the first node's list, or a dict
@@ -102,11 +93,11 @@ def make_runner(workdir: Path, env: dict[str, str] | None = None) -> Callable[..
         if not group_vars.exists():
             group_vars.symlink_to(REPO / "inventory" / "testbed" / "group_vars")
         per_node = containers if isinstance(containers, dict) else {"testbed": containers}
-        nodes = testbed_nodes() if set(per_node) != {"testbed"} else {}
+        nodes = {n["name"]: n for n in client.load().nodes}
         hosts = {
             name: {
-                "ansible_host": nodes[name]["ssh_host"] if nodes else "127.0.0.1",
-                "ansible_port": nodes[name]["ssh_port"] if nodes else 2222,
+                "ansible_host": nodes[name]["ssh_host"],
+                "ansible_port": nodes[name]["ssh_port"],
                 "mlstack_containers": cts,
             }
             for name, cts in per_node.items()

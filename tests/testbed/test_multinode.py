@@ -60,8 +60,7 @@ def destroy(api: Any, vmid: int) -> None:
 
 @pytest.fixture
 def cluster(testbed: client.Testbed) -> Iterator[tuple[Any, dict[str, dict[str, Any]]]]:
-    data = json.loads(Path(testbed.state_dir, "testbed.json").read_text())
-    nodes = {n["name"]: n for n in data["nodes"]}
+    nodes = {n["name"]: n for n in testbed.nodes}
     api = testbed.proxmox()
     for vmid in VMIDS:
         destroy(api, vmid)

@@ -12,23 +12,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from . import (
-    client,
-    controller,
-    daemons,
-    gpu,
-    host_setup,
-    nodes,
-    nvdriver,
-    nvsmi,
-    paths,
-    realct,
-    rootfs,
-    sshd,
-)
+from . import client, controller, paths
+from .lxc import realct, rootfs
+from .node import daemons, gpu, host_setup, nodes, nvdriver, nvsmi, sshd
 from .proc import report_up, say
 
-API_MARKER = "mlstack_testbed.api"
+API_MARKER = "mlstack_testbed.node.api"
+PACKAGE = Path(__file__).parent
+# What the API server runs: the shared modules, node and lxc (gpucheck is no part of it).
+API_CODE = ("*.py", "node/*.py", "lxc/*.py")
 CERT_MIN_DAYS = 3
 
 
@@ -83,9 +75,9 @@ def api_ready(timeout: float = 2) -> bool:
         return False
 
 
-def code_changed_since(pidfile: Path) -> bool:
+def code_changed_since(pidfile: Path, package: Path = PACKAGE) -> bool:
     """True when the testbed's Python code is newer than the process recorded in pidfile."""
-    newest = max(p.stat().st_mtime for p in Path(__file__).parent.glob("*.py"))
+    newest = max(p.stat().st_mtime for pattern in API_CODE for p in package.glob(pattern))
     return pidfile.is_file() and newest > pidfile.stat().st_mtime
 
 

@@ -35,7 +35,9 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from . import host_setup, paths, rootfs
+from . import paths
+from .lxc import rootfs
+from .node import host_setup
 from .proc import report_up, run, say
 
 NAME = "mlstack-controller-core221"

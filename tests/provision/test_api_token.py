@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlstack_testbed import backend, paths, realct
+from mlstack_testbed import paths
+from mlstack_testbed.lxc import realct
+from mlstack_testbed.node import backend
 from playbook_runner import PlaybookRun, container
 from proxmoxer.core import ResourceException
 from tbhelpers import ct_exists, remove_ct

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlstack_testbed import nvdriver
+from mlstack_testbed.node import nvdriver
 from playbook_runner import TESTBED_CLI, PlaybookRun, container, make_runner
 from tbhelpers import attach, ssh
 

@@ -9,7 +9,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO / "testbed") not in sys.path:
     sys.path.insert(0, str(REPO / "testbed"))
 
-from mlstack_testbed import client, realct  # noqa: E402
+from mlstack_testbed import client  # noqa: E402
+from mlstack_testbed.lxc import realct  # noqa: E402
 
 
 def wait_ok(api: Any, testbed: client.Testbed, upid: str, timeout: float = 180) -> dict[str, Any]:

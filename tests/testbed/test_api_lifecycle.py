@@ -6,7 +6,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from mlstack_testbed import client, realct
+from mlstack_testbed import client
+from mlstack_testbed.lxc import realct
 from proxmoxer.core import ResourceException
 from tbhelpers import attach, run, wait_ok
 

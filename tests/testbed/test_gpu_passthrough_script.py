@@ -23,7 +23,7 @@ def run(argv: list[str], timeout: float = 600, **kw: object) -> subprocess.Compl
 
 def pct(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO / "testbed"), MLSTACK_TESTBED_PCT="direct")
-    return run(["python3", "-m", "mlstack_testbed.pct", *args], timeout=timeout, env=env)
+    return run(["python3", "-m", "mlstack_testbed.node.pct", *args], timeout=timeout, env=env)
 
 
 def mounts() -> str:

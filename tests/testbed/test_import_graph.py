@@ -1,5 +1,7 @@
 """The testbed package's modules import one another one way only (no import cycle, counting imports
-inside functions): each part can be read, and loaded, without the ones that use it."""
+inside functions): each part can be read, and loaded, without the ones that use it. And its parts are
+layers: the shared modules under lxc (the LXC translation), lxc under node (the stand-in PVE node) and
+gpucheck (the passthrough proof), which never import each other; the CLI and the controller on top."""
 
 from __future__ import annotations
 
@@ -48,3 +50,57 @@ def test_no_import_cycles() -> None:
     for start in sorted(graph):
         visit(start, [])
     assert cycles == [], " ; ".join(" -> ".join(c) for c in cycles[:5])
+
+
+# Each part, and the parts its modules may import (its own included). node and gpucheck both stand on lxc
+# and never on each other: gpucheck drives node's pct as a command (`python -m mlstack_testbed.node.pct`),
+# through its command line as a user does. Nothing imports the controller but the CLI, nor the CLI.
+MAY_IMPORT = {
+    "shared": {"shared"},
+    "lxc": {"shared", "lxc"},
+    "node": {"shared", "lxc", "node"},
+    "gpucheck": {"shared", "lxc", "gpucheck"},
+    "controller": {"shared", "lxc", "node", "controller"},
+    "cli": {"shared", "lxc", "node", "controller", "cli"},
+}
+SUBPACKAGES = {"lxc", "node", "gpucheck"}
+# The modules at the package's top: a new one must be placed here, in a part, before this test passes.
+TOP_LEVEL = {
+    "mlstack_testbed": "shared",
+    "mlstack_testbed.paths": "shared",
+    "mlstack_testbed.proc": "shared",
+    "mlstack_testbed.client": "shared",
+    "mlstack_testbed.controller": "controller",
+    "mlstack_testbed.__main__": "cli",
+}
+
+
+def part_of(module: str) -> str | None:
+    """The layer a module belongs to; None for a top-level module not placed in TOP_LEVEL."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in SUBPACKAGES:
+        return parts[1]
+    return TOP_LEVEL.get(module)
+
+
+def package_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: imports_of(path, set(files)) for name, path in files.items()}
+
+
+def test_every_module_has_a_layer() -> None:
+    graph = package_graph()
+    unplaced = sorted(m for m in graph if part_of(m) is None)
+    assert unplaced == [], f"top-level modules with no layer (add them to TOP_LEVEL): {unplaced}"
+    # The layout itself: each subpackage is there, so the rule below cannot hold by having nothing to check.
+    assert {part_of(m) for m in graph} >= SUBPACKAGES | {"shared", "controller", "cli"}
+
+
+def test_layers_import_downward_only() -> None:
+    wrong = sorted(
+        f"{module} ({part_of(module)}) imports {dep} ({part_of(dep)})"
+        for module, deps in package_graph().items()
+        for dep in deps
+        if part_of(dep) not in MAY_IMPORT[part_of(module) or "shared"]
+    )
+    assert wrong == [], "; ".join(wrong)

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlstack_testbed import client, realct
+from mlstack_testbed import client
+from mlstack_testbed.lxc import realct
 from proxmoxer.core import ResourceException
 from tbhelpers import run
 

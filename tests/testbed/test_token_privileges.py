@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 from fakepve.model import PveError
-from mlstack_testbed import backend, paths
+from mlstack_testbed import paths
+from mlstack_testbed.node import backend
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT_TOKEN = "root@pam!ci"

@@ -31,7 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-from .. import hostroot, paths
+from .. import paths
+from ..lxc import hostroot
 from .cases import build_cases, load_filter, set_aside_uncheckable
 from .host import REPO, CannotRun, ensure_lxc, host_facts
 from .report import EXIT_CANNOT_RUN, exit_code, print_cases, print_host, print_summary, write_json

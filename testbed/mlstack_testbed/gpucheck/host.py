@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import hostroot, paths
+from .. import paths
+from ..lxc import hostroot
 
 REPO = paths.REPO_DIR
 # LXC's compiled-in mount point for a container's rootfs (Debian's build); a private prefix lacks it.

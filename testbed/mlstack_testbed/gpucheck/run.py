@@ -69,7 +69,7 @@ def pct(args: list[str], timeout: float = 300, stdin: str | None = None) -> subp
     env = dict(os.environ)
     env["PYTHONPATH"] = str(paths.TESTBED_DIR) + (f":{env['PYTHONPATH']}" if env.get("PYTHONPATH") else "")
     env["MLSTACK_TESTBED_PCT"] = "direct"
-    argv = [sys.executable, "-m", "mlstack_testbed.pct", *args]
+    argv = [sys.executable, "-m", "mlstack_testbed.node.pct", *args]
     try:
         return subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout, env=env, input=stdin, check=False

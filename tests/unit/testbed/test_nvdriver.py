@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mlstack_testbed import nvdriver, nvsmi, paths
+from mlstack_testbed import paths
+from mlstack_testbed.node import nvdriver, nvsmi
 
 V1, V2 = "550.54.14", "560.35.03"
 ROLE_FLAGS = ["--silent", "--no-kernel-module", "--no-questions", "--ui=none", "--no-x-check"]

@@ -14,7 +14,8 @@ model recorded answers as a node whose driver finds no GPU: "No devices were fou
 import shutil
 import sys
 
-from . import nvdriver, paths
+from .. import paths
+from . import nvdriver
 
 # The recorded answers live with the tests that read them too (the stack policy's unit tests).
 RECORDED_DIR = paths.REPO_DIR / "tests" / "data" / "nvidia-smi"

@@ -22,9 +22,9 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..proc import run
 from . import lxcconf
 from .ctlayout import ct_dir, rootfs_dir
-from .proc import run
 
 MODES = ("overlay", "bind")
 # The container's init: the host root's own init must not run again; this keeps the CT alive.

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import paths
+from .. import paths
 
 MAX_NODES = 16
 

@@ -7,9 +7,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from . import daemons, paths
+from .. import paths
+from ..proc import run
+from . import daemons
 from .nodes import Node
-from .proc import run
 
 
 def _keygen(path: Path, comment: str) -> None:
@@ -88,7 +89,7 @@ def prepare(node: Node) -> bool:
             "#!/bin/sh\n# mlstack-testbed stand-in for " + name + "\n"
             f"MLSTACK_TESTBED_STATE={state} MLSTACK_TESTBED_NODE={node_name} PYTHONPATH={pythonpath} "
             f"exec {py} -c "
-            f"'import sys; from mlstack_testbed.{module} import {func}; sys.exit({func}())' \"$@\"\n"
+            f"'import sys; from mlstack_testbed.node.{module} import {func}; sys.exit({func}())' \"$@\"\n"
         )
         if not script.is_file() or script.read_text() != text:
             script.write_text(text)

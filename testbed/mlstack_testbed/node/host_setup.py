@@ -8,8 +8,8 @@ when the machine is already right.
 import os
 from pathlib import Path
 
-from . import paths
-from .proc import run, say
+from .. import paths
+from ..proc import run, say
 
 PACKAGES = (
     "lxc",

@@ -6,7 +6,7 @@ need it, and realct's destroy needs hostroot: with the layout here, realct -> ho
 
 from pathlib import Path
 
-from . import paths
+from .. import paths
 
 
 def ct_dir(vmid: int) -> Path:

@@ -31,9 +31,10 @@ from fakepve.lxc import FakeCt
 from fakepve.model import PveError, TaskError
 from fakepve.server import FakePve
 
-from . import lxcconf, paths, realct
+from .. import paths
+from ..lxc import lxcconf, realct
 
-log = logging.getLogger("mlstack_testbed.backend")
+log = logging.getLogger("mlstack_testbed.node.backend")
 
 Body = Callable[[], Awaitable[Any]]
 TEMPLATE_SUFFIXES = (".tar.zst", ".tar.gz", ".tar.xz")

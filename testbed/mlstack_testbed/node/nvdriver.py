@@ -13,7 +13,7 @@ libraries and installs libcuda.so.V and libnvidia-ml.so.V (real shared objects b
 NVIDIA's sonames, every entry point answering "no device") and their soname links, then runs ldconfig,
 so `ldconfig -p` and readlink resolve libcuda.so.1 to libcuda.so.V as after the real one.
 
-    python -m mlstack_testbed.nvdriver runfile 560.35.03 files/nvidia
+    python -m mlstack_testbed.node.nvdriver runfile 560.35.03 files/nvidia
 """
 
 import argparse
@@ -24,8 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import paths
-from .proc import run
+from .. import paths
+from ..proc import run
 
 VERSION_RE = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?")
 # How an open kernel module words its first line (as on the H200 of testbed/results).
@@ -208,7 +208,7 @@ def runfile(version: str, folder: Path, cc: str = "gcc") -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mlstack_testbed.nvdriver", description=__doc__.split("\n")[0]
+        prog="python -m mlstack_testbed.node.nvdriver", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
     rf = sub.add_parser("runfile", help="write NVIDIA-Linux-x86_64-VERSION.run into FOLDER")

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from . import paths
-from .proc import run, say
+from .. import paths
+from ..proc import run, say
 
 MIRROR = os.environ.get("MLSTACK_TESTBED_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = (

@@ -11,11 +11,12 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import hostroot, lxcconf, paths
+from .. import paths
+from ..proc import run
+from . import hostroot, lxcconf
 
 # The layout is realct's API too (realct.ct_dir etc.); it lives in ctlayout because hostroot needs it as well.
 from .ctlayout import ct_dir, passthrough_dir, rootfs_dir
-from .proc import run
 
 IDMAP = lxcconf.IdMap(paths.IDMAP_BASE, paths.IDMAP_SIZE)
 # In the first line of every config the testbed writes: `down --purge` destroys only containers carrying it.

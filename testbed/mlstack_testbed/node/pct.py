@@ -15,7 +15,8 @@ import platform
 import sys
 from typing import Any, NoReturn
 
-from . import client, paths, realct
+from .. import client, paths
+from ..lxc import realct
 
 USAGE = """usage: pct <command> <vmid> [ARGS] [OPTIONS]
   pct exec <vmid> [--keep-env 0|1] [-- <command> [args...]]

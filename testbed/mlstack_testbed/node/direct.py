@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from . import hostroot, lxcconf, paths, realct
+from .. import paths
+from ..lxc import hostroot, lxcconf, realct
 
 HOSTROOT = "hostroot"
 # What `pct create`/`set` store as given; others are refused as PVE's schema refuses them.

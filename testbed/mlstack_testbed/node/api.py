@@ -1,11 +1,12 @@
-"""The API server process: `python -m mlstack_testbed.api` serves TestbedPve on https://127.0.0.1:8006."""
+"""The API server process: `python -m mlstack_testbed.node.api` serves TestbedPve on https://127.0.0.1:8006
+(`testbed up` starts it)."""
 
 import argparse
 import asyncio
 import logging
 import signal
 
-from . import paths
+from .. import paths
 from .backend import TestbedPve
 
 

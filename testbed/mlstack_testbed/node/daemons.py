@@ -6,7 +6,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import paths
+from .. import paths
 
 
 def pid_of(pidfile: Path, marker: str) -> int | None:

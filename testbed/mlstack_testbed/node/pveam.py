@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from . import paths, rootfs
+from .. import paths
+from ..lxc import rootfs
 
 SECTIONS = ("system", "mail", "turnkeylinux")
 USAGE = """USAGE: pveam <COMMAND> [ARGS] [OPTIONS]

@@ -10,7 +10,7 @@ import os
 import stat
 from pathlib import Path
 
-from . import paths
+from .. import paths
 
 NVIDIA_MAJOR = 195
 NVIDIACTL_MINOR = 255

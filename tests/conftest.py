@@ -22,7 +22,7 @@ COLLECTIONS = REPO / ".venv" / "collections"
 if COLLECTIONS.is_dir() and str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
 # Helper modules of the suites (never imported as `conftest`: that name is ambiguous across suites).
-for path in (REPO / "testbed", REPO / "tests" / "testbed", REPO / "tests" / "provision"):
+for path in (REPO / "testbed", *(REPO / "tests" / suite for suite in ("testbed", "provision", "unit"))):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 

@@ -104,6 +104,8 @@ PLAN = [
         node="exclusive",
     ),
     Step("unit", ("verify/tests", "tests/unit"), node="none"),
+    # ruff and ansible-lint (`make lint`): minutes of CPU, beside the node-exclusive step's waits.
+    Step("lint", argv=("make", "--no-print-directory", "lint"), node="none", isolated=False),
     Step(
         "core221-controller",
         argv=("sh", "-c", f"{TESTBED} controller up && {TESTBED} controller run -- ansible --version"),
@@ -229,10 +231,24 @@ SUMMARY = re.compile(
 )
 
 
+def cpu_busy_seconds() -> float:
+    """CPU seconds the machine has spent busy, all cores (/proc/stat): says whether more lanes can help."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_share(busy0: float, since: float) -> str:
+    cores = os.cpu_count() or 1
+    busy, wall = cpu_busy_seconds() - busy0, time.monotonic() - since
+    return f"CPU {busy / max(wall * cores, 1e-9):.0%} busy of {cores} cores ({busy:.0f} core-seconds)"
+
+
 class Runner:
     def __init__(self, steps: list[Step], extra: list[str], lanes: int) -> None:
         self.steps, self.extra, self.lanes = steps, extra, lanes
         self.t0 = time.monotonic()
+        self.busy0 = cpu_busy_seconds()
         self.lock = threading.Lock()
 
     def say(self, text: str) -> None:
@@ -282,7 +298,7 @@ class Runner:
         return not any(conflicts(step, [b]) for b in blocked)
 
     def run(self) -> int:
-        heartbeat = time.monotonic()
+        heartbeat, beat_busy = time.monotonic(), cpu_busy_seconds()
         while True:
             running = [s for s in self.steps if s.state == "running"]
             for s in running:
@@ -307,9 +323,11 @@ class Runner:
                         s.state, s.note = "failed", "not run: its dependencies did not pass"
                 break
             if time.monotonic() - heartbeat > 60:
-                heartbeat = time.monotonic()
+                share = busy_share(beat_busy, heartbeat)
+                heartbeat, beat_busy = time.monotonic(), cpu_busy_seconds()
                 waiting = [s.name for s in self.steps if s.state == "waiting"]
-                self.say(f"running: {', '.join(self.progress(s) for s in running)}; waiting: {waiting}")
+                running_now = ", ".join(self.progress(s) for s in running)
+                self.say(f"running: {running_now}; waiting: {waiting}; last minute: {share}")
             time.sleep(1)
         return self.report()
 
@@ -322,7 +340,8 @@ class Runner:
         print("\nstep                 result   seconds  summary")
         for s in self.steps:
             print(f"{s.name:<20} {s.state:<8} {s.seconds:>7.0f}  {s.note or s.summary}")
-        self.say(f"{len(self.steps) - len(failed)}/{len(self.steps)} steps passed")
+        passed = len(self.steps) - len(failed)
+        self.say(f"{passed}/{len(self.steps)} steps passed; all along: {busy_share(self.busy0, self.t0)}")
         return 1 if failed else 0
 
 

@@ -1,6 +1,8 @@
 """The PVE API endpoint down: before a run (the preflight says so, changing nothing) and in the middle
-of one (just before the create call). The API is reached through a forwarder only these runs use, so
-the testbed's API stays up for everybody else; cutting the forwarder is the endpoint going away."""
+of one (just before the create call of a new container, CT 165: a rerun of the shared CT's unchanged
+config makes no API call after the preflight's read). The API is reached through a forwarder only these
+runs use, so the testbed's API stays up for everybody else; cutting the forwarder is the endpoint going
+away."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from typing import Any
 
 import pytest
 from faultlib import Link, fault_env, one_line, venv_works
+from playbook_runner import container
+from tbhelpers import ct_exists
 
 
 @pytest.fixture
@@ -21,9 +25,16 @@ def api_link(testbed: Any) -> Iterator[Link]:
 
 @pytest.mark.slow
 def test_api_down_before_and_during_a_run(
-    runner: Any, shared_ct: dict[str, Any], api: Any, testbed: Any, api_link: Link, tmp_path: Path
+    runner: Any,
+    shared_ct: dict[str, Any],
+    api: Any,
+    testbed: Any,
+    api_link: Link,
+    tmp_path: Path,
+    fresh_vmid: Any,
 ) -> None:
     vmid = int(shared_ct["vmid"])
+    new_ct = container(fresh_vmid(165), hostname="fault-165")
     via_link = {
         "mlstack_pve_api_port": api_link.port,
         "gpu_container_api_retries": 2,
@@ -42,15 +53,16 @@ def test_api_down_before_and_during_a_run(
     assert down.changed() == 0, down.changed_tasks()
     assert "PLAY [Prepare the PVE nodes" not in down.output
 
-    # 2. Down in the middle: up for the preflight, gone when the container is about to be created.
+    # 2. Down in the middle: up for the preflight, gone when a new container is about to be created.
     api_link.restore()
     mark = tmp_path / "fault.mark"
     env = fault_env("Create the container through the PVE API", api_link.cut_command(), mark, when="start")
-    middle = runner("provision.yml", [shared_ct], env=env, **via_link)
+    middle = runner("provision.yml", [shared_ct, new_ct], env=env, **via_link)
     assert mark.exists(), "the fault did not fire"
     assert middle.rc != 0
     assert "Connection refused" in one_line(middle.output), middle.output[-3000:]
     assert middle.changed() == 0, middle.changed_tasks()
+    assert not ct_exists(api, testbed.node, new_ct["vmid"])
 
     # State: the container is as it was, running, its venv working.
     assert api.nodes(testbed.node).lxc(vmid).status.current.get()["status"] == "running"

@@ -3,8 +3,8 @@ before the shared CT starts, as after a GPU falls off the bus or a reboot withou
 
 1. Removed before the run: the preflight names the container, the key and the node, and how to fix
    the node; nothing changes and the container stays as it was (stopped, config intact).
-2. Removed between configuring and starting (injected right after the pct_config task): PVE refuses
-   the start and the run reports PVE's own reason with the fix.
+2. Removed between configuring and starting (injected as the start task begins): PVE refuses the start
+   and the run reports PVE's own reason with the fix.
 3. Node back: a rerun starts the container and completes.
 
 The node is machine-wide: it is put back right after each run, in a finally."""
@@ -92,7 +92,8 @@ def test_device_node_removed_before_start(
     # 2. Gone between configuring and starting: PVE's reason, and the fix.
     if STARTS_WITH_PCT:
         mark = tmp_path / "fault.mark"
-        env = fault_env("Pass the GPUs through", dev_node.remove_command(), mark)
+        # When the start task begins (the config already matches, so nothing else runs between).
+        env = fault_env("Start container", dev_node.remove_command(), mark, when="start")
         try:
             late = runner("provision.yml", [shared_ct], env=env, **quick)
         finally:

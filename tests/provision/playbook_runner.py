@@ -79,12 +79,14 @@ def set_gpu_model(model: str | None) -> None:
 def make_runner(workdir: Path, env: dict[str, str] | None = None) -> Callable[..., PlaybookRun]:
     """A runner of the repo's playbooks against the testbed, with the testbed's group_vars and the given
     containers: run(name, containers, **extra_vars). `containers` is the first node's list, or a dict
-    {node name: list} for several nodes of the testbed's cluster (one inventory host per node)."""
+    {node name: list} for several nodes of the testbed's cluster (one inventory host per node). `limit`
+    is ansible-playbook's --limit: a node's name runs the node plays only (create, configure, start)."""
 
     def run(
         playbook: str,
         containers: list[dict[str, Any]] | dict[str, list[dict[str, Any]]],
         timeout: int = 1800,
+        limit: str | None = None,
         **extra: Any,
     ) -> PlaybookRun:
         inventory = workdir / "inventory"
@@ -106,6 +108,9 @@ def make_runner(workdir: Path, env: dict[str, str] | None = None) -> Callable[..
             yaml.safe_dump({"all": {"children": {"pve_hosts": {"hosts": hosts}}}})
         )
         argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / playbook)]
+        if limit:
+            # `--limit <node>`: the node plays only (the containers added at run time are not in the limit).
+            argv += ["--limit", limit]
         if extra:
             argv += ["-e", json.dumps(extra)]
         run_env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")

@@ -4,7 +4,9 @@ share a vmid (what `make test` relies on to run the suites side by side without 
 from __future__ import annotations
 
 import itertools
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,3 +50,13 @@ def test_core221_steps_run_one_at_a_time() -> None:
     """Their controller writes the checkout's own reports/, which a lifecycle test reads back."""
     for a, b in itertools.combinations(lanes.core221_steps([]), 2):
         assert lanes.conflicts(a, [b]), (a.name, b.name)
+
+
+def test_the_cpu_share_counts_work_done_while_it_ran() -> None:
+    """The share printed each minute and at the end: CPU spent in that time (here, a busy loop) shows."""
+    busy0, t0, spent0 = lanes.cpu_busy_seconds(), time.monotonic(), time.process_time()
+    while time.process_time() - spent0 < 0.5:
+        pass
+    assert lanes.cpu_busy_seconds() - busy0 >= 0.4
+    share = lanes.busy_share(busy0, t0)
+    assert share.startswith("CPU ") and f"of {os.cpu_count()} cores" in share, share

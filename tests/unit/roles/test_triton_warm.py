@@ -49,6 +49,7 @@ def _play(tmp_path: Path, report: Path, rc: int, **extra: object) -> tuple[subpr
         REPORT=str(report),
         RC=str(rc),
         ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
+        ANSIBLE_COLLECTIONS_PATH=str(ROOT / ".venv" / "collections"),  # mlstack.pve.run_report
         ANSIBLE_CONFIG=str(tmp_path / "none.cfg"),
         ANSIBLE_STDOUT_CALLBACK="default",
     )

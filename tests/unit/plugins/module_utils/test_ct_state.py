@@ -5,18 +5,17 @@ builder must agree on which venvs are intact, or a rerun would skip a venv the b
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shlex
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import jinja2
 import pytest
 from ansible_collections.mlstack.pve.plugins.module_utils import ct_state
+from localplay import run_module
 
 ROOT = Path(__file__).resolve().parents[4]
 BUILDER = ROOT / "roles" / "ml_venv" / "templates" / "build-venv.sh.j2"
@@ -242,17 +241,8 @@ def test_the_module_through_ansible(tmp_path: Path) -> None:
         "venv": {"type": "venv", "path": str(venv)},
         "gone": {"type": "directory", "path": "/nonexistent"},
     }
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-        ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
-    )
-    argv = [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local"]
-    argv += ["-m", "mlstack.pve.ct_state", "-a", json.dumps({"items": items})]
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    result = json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    result = run_module("mlstack.pve.ct_state", {"items": items})
+    assert result.get("failed") is not True, result
     assert result["changed"] is False
     assert result["differs"]["gone"] == "missing"
     assert "added triton-3.6.0.dist-info" in result["differs"]["venv"]

@@ -1,0 +1,256 @@
+"""The gpu_container preflight's checks of the inventory, each returning the messages a user reads
+(what is wrong and what to fix), in the order a user would fix them. Nothing here reads the node or the
+API: the role reads them once and passes what it found.
+
+Three groups, run as their inputs become known during the preflight: the inventory's own values
+(before the stack policy chooses), the chosen stacks against the profiles, the node's GPUs and paths,
+and the guests the API listed.
+
+Controller only (the inventory_check action): it shares the preflight filters' own rules.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from typing import Any
+
+import yaml
+from ansible.errors import AnsibleFilterError
+from ansible_collections.mlstack.pve.plugins.filter.container_options import selected_gpu_nodes
+from ansible_collections.mlstack.pve.plugins.filter.preflight import path_within
+
+_DNS_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$")
+_PVE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]*$")
+VOLID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]*:vztmpl/[A-Za-z0-9._+-]+$")
+_TAG = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_TOKEN_ID = re.compile(r"^([^\s!:/@]+@[A-Za-z][A-Za-z0-9._-]*!)?[A-Za-z][A-Za-z0-9._-]+$")
+_HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_FOLDER = re.compile(r"^[A-Za-z0-9._-]+$")
+_MODEL_PATH = re.compile(r"^(/[A-Za-z0-9._/+-]*)?$")
+_DOT_PART = re.compile(r"(^|/)\.\.?(/|$)")
+_EXTRA = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_UV_ERROR = re.compile(r"error: [^\n]*")
+
+
+def _as_int(value: Any) -> int:
+    """As Jinja's `int` filter: 0 for what is not a number."""
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return 0
+
+
+def node_settings(host: str, settings: dict[str, Any]) -> list[str]:
+    """Names that reach the API and the node in PVE's own formats (no shell metacharacter gets that far)."""
+    bad = [
+        what
+        for what, pattern, value in (
+            ("node name (mlstack_pve_node) a DNS name", _DNS_NAME, "node"),
+            ("rootfs storage (mlstack_rootfs_storage) a PVE storage id", _PVE_ID, "storage"),
+            ("bridge (mlstack_bridge) an interface name", _PVE_ID, "bridge"),
+            ("template (mlstack_ostemplate) a volid storage:vztmpl/file", VOLID, "ostemplate"),
+            ("tag (gpu_container_tag) of a-z, 0-9, . _ -", _TAG, "tag"),
+        )
+        if not pattern.match(str(settings.get(value, "")))
+    ]
+    if not bad:
+        return []
+    return [f"{host}: expected {'; '.join(bad)}, of letters, digits and . _ - only. Fix the inventory."]
+
+
+def token_settings(host: str, token_id: str, secret_set: bool) -> list[str]:
+    """A token id PVE would take, and a secret for it (which is never printed)."""
+    if not token_id:
+        return []
+    bad = []
+    if not _TOKEN_ID.match(token_id):
+        bad.append(
+            "mlstack_pve_api_token_id must be user@realm!name (or only the name, with the user in"
+            " mlstack_pve_api_user)"
+        )
+    if not secret_set:
+        bad.append("mlstack_pve_api_token_secret is empty (put the secret PVE showed once in vault)")
+    if not bad:
+        return []
+    return [f"{host}: the API token settings are incomplete: {'; '.join(bad)}. Fix the inventory."]
+
+
+def container_fields(host: str, containers: list[dict[str, Any]]) -> list[str]:
+    """Each entry's own fields."""
+    out = []
+    for c in containers:
+        profile = str(c.get("profile") or "default")
+        model_path = str(c.get("model_path", "") or "")
+        extras = c.get("extras", [])
+        vmid = _as_int(c.get("vmid"))
+        bad = []
+        if not 100 <= vmid <= 999999999:
+            bad.append("vmid 100..999999999")
+        if not _HOSTNAME.match(str(c.get("hostname", ""))):
+            bad.append("hostname a DNS label (a-z, 0-9, '-')")
+        if not _FOLDER.match(profile) or profile in (".", ".."):
+            bad.append("profile a folder name (letters, digits, . _ -)")
+        if not _MODEL_PATH.match(model_path) or _DOT_PART.search(model_path):
+            bad.append(
+                "model_path an absolute path of letters, digits and . _ / + - only (no '.' or '..' parts)"
+            )
+        if [e for e in (extras or []) if not _EXTRA.match(str(e))]:
+            bad.append("extras names of letters, digits and . _ -")
+        if isinstance(extras, str):
+            bad.append("extras a list of names")
+        if c.get("purpose", "training") not in ("training", "inference"):
+            bad.append("purpose training or inference")
+        if bad:
+            out.append(
+                f"Container {c.get('vmid', '?')} on {host}: expected {'; '.join(bad)}."
+                " Fix the inventory entry."
+            )
+    return out
+
+
+def known_profiles(profiles_dir: str) -> list[str]:
+    try:
+        names = os.listdir(profiles_dir)
+    except OSError:
+        return []
+    return sorted(n for n in names if os.path.isfile(os.path.join(profiles_dir, n, "uv.lock")))
+
+
+def profiles_exist(containers: list[dict[str, Any]], profiles_dir: str) -> list[str]:
+    """A profile named in the inventory is a folder with a uv.lock under the profiles."""
+    return [
+        f"Container {c['vmid']}: unknown profile '{c['profile']}'. Known profiles: "
+        f"{', '.join(known_profiles(profiles_dir))}."
+        for c in containers
+        if c.get("profile") and not os.path.isfile(os.path.join(profiles_dir, str(c["profile"]), "uv.lock"))
+    ]
+
+
+def resources(containers: list[dict[str, Any]], choices: dict[str, Any], profiles_dir: str) -> list[str]:
+    """Each container's memory and disk against what its chosen profile needs (profile.yml)."""
+    out = []
+    for c in containers:
+        profile = choices[str(c["vmid"])]["profile"]
+        try:
+            with open(os.path.join(profiles_dir, profile, "profile.yml"), encoding="utf-8") as f:
+                needs = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            needs = {}
+        memory, disk = _as_int(c.get("memory_mb", 4096)), _as_int(c.get("disk_gb", 32))
+        min_memory, min_disk = needs.get("min_memory_mb", 0), needs.get("min_disk_gb", 0)
+        if memory < _as_int(min_memory) or disk < _as_int(min_disk):
+            out.append(
+                f"Container {c['vmid']}: profile {profile} needs at least {min_memory} MiB of memory and"
+                f" {min_disk} GiB of disk (profiles/{profile}/profile.yml), but the inventory gives memory_mb"
+                f" {c.get('memory_mb', 4096)} and disk_gb {c.get('disk_gb', 32)}. Raise them in the inventory"
+                " entry."
+            )
+    return out
+
+
+def locks(results: dict[str, dict[str, Any]]) -> list[str]:
+    """`uv lock --check` per profile (its command result): a lock behind its pyproject, or not checked."""
+    out = []
+    for profile, r in results.items():
+        if r.get("skipped") or r.get("rc") == 0:
+            continue
+        said = ((r.get("stderr") or "") or (r.get("msg") or "")).strip()
+        m = _UV_ERROR.search(said)
+        out.append(
+            f"Profile {profile}: `uv lock --check` says its uv.lock is out of date with its pyproject.toml,"
+            f" or could not check it: {m.group(0) if m else (said.splitlines() or [''])[-1]} Refresh the lock"
+            f" on the controller with `uv lock --project profiles/{profile}`, commit pyproject.toml and"
+            " uv.lock together, and rerun."
+        )
+    return out
+
+
+def unique(all_containers: list[dict[str, Any]]) -> list[str]:
+    """vmids and hostnames across every node of the inventory."""
+    vmids = Counter(_as_int(c.get("vmid")) for c in all_containers)
+    names = Counter(c.get("hostname") for c in all_containers)
+    if all(n == 1 for n in vmids.values()) and all(n == 1 for n in names.values()):
+        return []
+    return [
+        f"Duplicate vmids or hostnames in the inventory: vmids {[v for v, n in vmids.items() if n > 1]},"
+        f" hostnames {[h for h, n in names.items() if n > 1]}. Each container needs its own vmid and"
+        " hostname."
+    ]
+
+
+def gpu_selections(host: str, containers: list[dict[str, Any]], gpu_nodes: list[str]) -> list[str]:
+    """Each container's `gpus` against the node's device nodes (all, none or indices it has)."""
+    out = []
+    for c in containers:
+        try:
+            selected_gpu_nodes(gpu_nodes, c.get("gpus", "all"))
+        except AnsibleFilterError as e:
+            out.append(f"Container {c.get('vmid')} on {host}: {e.message}")
+    return out
+
+
+def bind_sources(
+    host: str,
+    containers: list[dict[str, Any]],
+    caches: list[str],
+    resolved: dict[str, dict[str, Any]],
+    roots: list[str],
+) -> list[str]:
+    """Model paths and the shared caches, as resolved on the node: present (models) and below the roots."""
+    out = []
+    within = f"outside the folders that may be bind-mounted into containers ({', '.join(map(str, roots))})."
+    for c in containers:
+        path = c.get("model_path") or ""
+        if not path:
+            continue
+        real = resolved.get(path, {})
+        if not real.get("exists"):
+            out.append(
+                f"Container {c['vmid']}: model_path {path} does not exist on {host}. Copy the model there or"
+                " fix the path."
+            )
+        elif not path_within(real.get("real", ""), roots):
+            out.append(
+                f"Container {c['vmid']}: model_path {path} is {real['real']} on {host}, {within} Move the"
+                " model below one of them, or add its folder to gpu_container_mount_roots if it really is"
+                " meant to be shared."
+            )
+    for cache in caches:
+        real = resolved.get(cache, {}).get("real", "?")
+        if not path_within(real, roots):
+            out.append(
+                f"The shared cache {cache} is {real} on {host}, {within} Put the caches below pve_host_root"
+                " (/var/lib/mlstack)."
+            )
+    return out
+
+
+def foreign_vmids(
+    containers: list[dict[str, Any]], guests: list[dict[str, Any]], ours: list[int], tag: str
+) -> list[str]:
+    """An inventory vmid that a guest without this project's tag already uses."""
+    wanted = {_as_int(c.get("vmid")) for c in containers}
+    return [
+        f"vmid {g['vmid']} is already used by {g.get('type')} '{g.get('name', '')}' on node {g.get('node')},"
+        f" which this project did not create (no '{tag}' tag). Choose a free vmid."
+        for g in guests
+        if g.get("vmid") in wanted and g.get("vmid") not in ours
+    ]
+
+
+def missing_passthrough_message(host: str, missing: list[dict[str, Any]]) -> list[str]:
+    """devN nodes of our containers that the node lacks: PVE would refuse to start them."""
+    if not missing:
+        return []
+    named = " ".join(
+        f"CT {m['vmid']} passes {m['path']} through ({m['key']}), but node {host} has no {m['path']}."
+        for m in missing
+    )
+    return [
+        f'{named} PVE would refuse to start it ("Device ... does not exist"). Fix the node:'
+        " `nvidia-smi` must list every GPU (reload the NVIDIA driver or reboot the node), and"
+        " `nvidia-modprobe -u -c=0` recreates /dev/nvidia-uvm*. If a GPU is gone for good, list the GPUs"
+        " left in the container's gpus. Then rerun."
+    ]

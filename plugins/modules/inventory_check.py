@@ -1,0 +1,87 @@
+#!/usr/bin/python
+"""Documentation of the inventory_check action (plugins/action/inventory_check.py): it runs on the
+controller only."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: inventory_check
+short_description: Check the container inventory before any change, failing with every message that applies
+description:
+  - Runs on the controller only; changes nothing. The gpu_container preflight calls it once per group of
+    checks, as what a group needs becomes known - the inventory's values, then the chosen stacks against the
+    profiles, the node's GPUs and resolved paths, then the guests the PVE API listed.
+  - Each group runs when all the options it needs are given. The task fails when any check finds something
+    wrong; RV(errors) and the message list what to fix, one line each.
+options:
+  settings:
+    description:
+      - C(node), C(storage), C(bridge), C(ostemplate), C(tag) (PVE's formats), and C(token_id) with
+        C(token_secret_set) (whether a secret is given; never the secret).
+    type: dict
+  containers:
+    description: The node's containers as the inventory lists them.
+    type: list
+    elements: dict
+  profiles_dir:
+    description: The stack profiles' folder on the controller; a named profile must have a uv.lock there.
+    type: path
+  choices:
+    description: Each container's stack choice by vmid; memory_mb and disk_gb against its profile.yml.
+    type: dict
+  locks:
+    description: C(uv lock --check) results by profile (C(rc), C(stderr), C(msg); skipped ones pass).
+    type: dict
+  gpu_nodes:
+    description: The node's NVIDIA device nodes; each container's C(gpus) must select among them.
+    type: list
+    elements: str
+  all_containers:
+    description: Every node's containers; vmids and hostnames must be unique among them.
+    type: list
+    elements: dict
+  resolved:
+    description: Paths resolved on the node, each C(real) and C(exists) (mlstack.pve.node_state's C(paths)).
+    type: dict
+  mount_roots:
+    description: Folders bind-mount sources must lie in (model paths must also exist).
+    type: list
+    elements: str
+  caches:
+    description: The shared caches, also checked against O(mount_roots).
+    type: list
+    elements: str
+  guests:
+    description: The guests the API listed; an inventory vmid must not be a guest of someone else's.
+    type: list
+    elements: dict
+  ours:
+    description: vmids of the guests that carry O(tag).
+    type: list
+    elements: int
+  tag:
+    description: The tag marking this project's containers.
+    type: str
+    default: mlstack
+  missing_nodes:
+    description: Passed-through device nodes the node lacks (mlstack.pve.missing_passthrough).
+    type: list
+    elements: dict
+author: mlstack maintainers
+"""
+
+EXAMPLES = r"""
+- name: Check the inventory's settings and containers
+  mlstack.pve.inventory_check:
+    settings: {node: pve1, storage: local-lvm, bridge: vmbr0, ostemplate: "local:vztmpl/debian.tar.zst", tag: mlstack}
+    containers: "{{ gpu_container_list }}"
+    profiles_dir: "{{ playbook_dir }}/../profiles"
+"""
+
+RETURN = r"""
+errors:
+  description: What is wrong, one message each, with what to fix; empty when all is well.
+  type: list
+  elements: str
+  returned: always
+"""

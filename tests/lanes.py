@@ -13,7 +13,7 @@ What each step holds decides what may run beside it:
   The ansible-core 2.21 steps run in the controller container, which sees the checkout's own folders:
   they hold one lock, so one at a time writes there.
 
-MLSTACK_TEST_LANES=N runs at most N steps at once (default 4); 1 runs them one after the other in the
+MLSTACK_TEST_LANES=N runs at most N steps at once (default 6); 1 runs them one after the other in the
 order below, in the checkout's own folders, as a plain `pytest` of each would. Logs: build/test-lanes/.
 Usage: python tests/lanes.py [--only STEP,...] [--list] [-- EXTRA PYTEST ARGS]
 """
@@ -353,7 +353,7 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="print the steps and their commands, run nothing")
     parser.add_argument("extra", nargs="*", help="more pytest arguments for every pytest step (after --)")
     args = parser.parse_args()
-    lanes = int(os.environ.get("MLSTACK_TEST_LANES", "4"))
+    lanes = int(os.environ.get("MLSTACK_TEST_LANES", "6"))
     if os.geteuid() != 0:
         lanes = 1  # the namespaces need root (the testbed suites skip without it anyway)
     steps = plan(args.extra)

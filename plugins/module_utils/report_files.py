@@ -17,26 +17,32 @@ def read_text(path: str) -> str | None:
         return None
 
 
-def differs(path: str, content: str, mode: int = 0o644) -> bool:
-    """Whether writing `content` with `mode` to `path` would change it."""
+def _current(path: str) -> tuple[int | None, str | None]:
+    """(mode, text) of what is at `path` now; None for what cannot be had."""
     try:
         st = os.stat(path)
     except OSError:
-        return True
-    return stat.S_IMODE(st.st_mode) != mode or read_text(path) != content
+        return None, None
+    return stat.S_IMODE(st.st_mode), read_text(path)
+
+
+def differs(path: str, content: str, mode: int = 0o644) -> bool:
+    """Whether writing `content` with `mode` to `path` would change it."""
+    return _current(path) != (mode, content)
 
 
 def write_if_changed(path: str, content: str, mode: int = 0o644, check: bool = False) -> bool:
     """Put `content` at `path` with `mode`; True when the file changed (in check mode: would change).
     The parent folders are made (0755). A reader never sees half a file: the text goes to a temporary
     file beside it, renamed over it."""
-    if not differs(path, content, mode):
+    current_mode, current_text = _current(path)
+    if (current_mode, current_text) == (mode, content):
         return False
     if check:
         return True
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, mode=0o755, exist_ok=True)
-    if read_text(path) == content:  # only the mode differs
+    if current_text == content:  # only the mode differs
         os.chmod(path, mode)
         return True
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)

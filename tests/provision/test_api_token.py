@@ -5,10 +5,11 @@ api_token_secret_file) is privilege-separated and granted only the privileges th
 1. That token provisions a container, a rerun changes nothing, destroy.yml removes it.
 2. A wrong secret stops the preflight with PVE's 401, without retrying, printing no secret, making nothing.
 3. A token lacking one of those privileges (made through the testbed's API, as `pveum` would) fails
-   the create with the 403 naming the path and the privilege, and nothing is created.
+   the create with PVE's 403 (which names the path and the privilege, except for VM.Allocate, which PVE's
+   create checks unnamed) and the role's message naming both and the docs' grant; nothing is created.
 
 The secrets reach Ansible through a file lookup (as a vault lookup would), never on a command line.
-Containers: vmids 940-942."""
+Containers: vmids 940-942 and 962."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible_collections.mlstack.pve.plugins.module_utils import pve_errors
 from mlstack_testbed import paths
 from mlstack_testbed.lxc import realct
-from mlstack_testbed.node import backend
+from mlstack_testbed.node import access
 from playbook_runner import PlaybookRun, container
 from proxmoxer.core import ResourceException
 from tbhelpers import ct_exists, remove_ct
@@ -117,11 +119,16 @@ def test_a_wrong_secret_stops_the_preflight_with_pves_401(
 
 
 @pytest.fixture
-def lacking_token(api: Any, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A privilege-separated token of root@pam with every privilege the README lists but
-    VM.Config.Memory, on the same paths, made through the testbed's API as `pveum` does it."""
+def lacking_token(
+    api: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[str, Path, str]]:
+    """A privilege-separated token of root@pam with every privilege the docs list but the one
+    `request.param` names, on the same paths, made through the testbed's API as `pveum` does it: its id,
+    its secret's file, the privilege it lacks."""
+    lacks = str(request.param)
     # Named per run: two runs of this suite on one testbed do not share the token.
-    role, name = f"MlstackLackingMemory{os.getpid()}", f"lacking{os.getpid()}"
+    tag = f"{lacks.replace('.', '')}{os.getpid()}"
+    role, name = f"MlstackLacking{tag}", f"lacking{tag}"
     token_id = f"{paths.API_USER}!{name}"
     tokens = api.access.users(paths.API_USER).token
     # Left over from an interrupted run with the same pid, or not there.
@@ -129,25 +136,40 @@ def lacking_token(api: Any, tmp_path: Path) -> Iterator[tuple[str, Path]]:
         tokens(name).delete()
     with contextlib.suppress(ResourceException):
         api.access.roles(role).delete()
-    privs = [p for p in backend.PROVISION_PRIVILEGES if p != "VM.Config.Memory"]
+    privs = [p for p in access.PROVISION_PRIVILEGES if p != lacks]
     api.access.roles.post(roleid=role, privs=",".join(privs))
-    made = tokens(name).post(privsep=1, comment="test: lacks VM.Config.Memory")
-    for path in backend.PROVISION_ACL_PATHS:
+    made = tokens(name).post(privsep=1, comment=f"test: lacks {lacks}")
+    for path in access.PROVISION_ACL_PATHS:
         api.access.acl.put(path=path, tokens=token_id, roles=role)
-    yield token_id, secret_file(tmp_path / "lacking", made["value"])
+    yield token_id, secret_file(tmp_path / "lacking", made["value"]), lacks
     tokens(name).delete()
     api.access.roles(role).delete()
 
 
-@pytest.mark.parametrize("ct", [942], indirect=True)
-def test_a_token_lacking_a_privilege_fails_with_the_403_naming_it(
-    run_playbook: Any, api: Any, testbed: Any, lacking_token: tuple[str, Path], ct: int
+@pytest.mark.parametrize(
+    ("ct", "lacking_token", "pve_said"),
+    [
+        (942, "VM.Config.Memory", "403 Forbidden: Permission check failed (/vms/942, VM.Config.Memory)"),
+        # PVE's create checks VM.Allocate without naming it (pve-container's create_vm, raise_perm_exc()).
+        (962, "VM.Allocate", "403 Forbidden: Permission check failed"),
+    ],
+    indirect=["ct", "lacking_token"],
+)
+def test_a_token_lacking_a_privilege_fails_with_a_message_naming_it_and_its_grant(
+    run_playbook: Any, api: Any, testbed: Any, lacking_token: tuple[str, Path, str], ct: int, pve_said: str
 ) -> None:
-    token_id, secret_path = lacking_token
+    token_id, secret_path, lacks = lacking_token
     result = run_playbook("provision.yml", [container(ct)], timeout=900, **token_vars(token_id, secret_path))
+    text = flat(result)
     assert result.rc != 0
-    assert f"403 Forbidden: Permission check failed (/vms/{ct}, VM.Config.Memory)" in flat(result), (
-        result.output[-4000:]
+    assert pve_said in text, result.output[-4000:]
+    # The role's message: the privilege and its path, PVE's words, and the docs' grant for it.
+    assert (
+        f"The PVE API refused {token_id} while creating container {ct}: it lacks {lacks} on /vms/{ct}" in text
     )
+    assert f"({pve_said}). Container {ct} was not created." in text
+    assert f"pveum acl modify /vms --tokens '{token_id}' --roles {pve_errors.ROLE}" in text
+    assert f'pveum role add {pve_errors.ROLE} --privs "{",".join(pve_errors.ROLE_PRIVILEGES)}"' in text
+    assert pve_errors.GRANT_DOC in text
     assert secret_path.read_text().strip() not in result.output
     assert not ct_exists(api, testbed.node, ct) and not realct.ct_dir(ct).exists()

@@ -81,3 +81,64 @@ def ct_exists(api: Any, node: str, vmid: int) -> bool:
         return True
     except ResourceException:
         return False
+
+
+class OwnApi:
+    """A second API server of this checkout's code (node.backend.TestbedPve) on a loopback port of its own,
+    with its own state, access file and token secrets under `state_dir`: what it answers is what the shared
+    server will answer once restarted, and nothing of the shared server's state is touched. It shares the
+    machine's LXC: a create that passed every check would make a real container, so its callers keep each
+    create refused."""
+
+    HOST = "127.0.0.1"
+
+    def __init__(self, state_dir: Path) -> None:
+        import asyncio
+        import threading
+
+        from fakepve.certs import make_cert
+        from mlstack_testbed.node.backend import TestbedPve
+
+        self.password = "own-api-password"
+        self.cafile, keyfile, _ = make_cert(str(state_dir), hosts=(self.HOST,))
+        self.pve = TestbedPve(
+            password=self.password,
+            host=self.HOST,
+            port=0,
+            state_file=state_dir / "api-state.json",
+            access_file=state_dir / "access.json",
+            tokens_dir=state_dir / "tokens",
+        )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="own-api", daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.pve.start(self.cafile, keyfile), self._loop).result(30)
+
+    @property
+    def port(self) -> int:
+        return int(self.pve.port)
+
+    def stop(self) -> None:
+        import asyncio
+
+        try:
+            asyncio.run_coroutine_threadsafe(self.pve.stop(), self._loop).result(30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+
+    def url(self, path: str) -> str:
+        return f"https://{self.HOST}:{self.port}/api2/json{path}"
+
+    def proxmox(self, token_id: str | None = None, secret: str = "") -> Any:
+        """proxmoxer, as community.proxmox drives it: root@pam's password, or the token `token_id`."""
+        from proxmoxer import ProxmoxAPI
+
+        if token_id is None:
+            return ProxmoxAPI(
+                self.HOST, port=self.port, user="root@pam", password=self.password, verify_ssl=self.cafile
+            )
+        user, _, name = token_id.partition("!")
+        return ProxmoxAPI(
+            self.HOST, port=self.port, user=user, token_name=name, token_value=secret, verify_ssl=self.cafile
+        )

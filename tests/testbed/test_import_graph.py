@@ -75,6 +75,16 @@ TOP_LEVEL = {
 }
 
 
+# Within a part, modules that stand apart from the rest of it (the parts, or the modules, they may import).
+# The node's access control is PVE's (users, tokens, roles, ACL, permission checks) and knows nothing of
+# containers: it and its /access endpoints import only shared modules and each other, and the API backend
+# uses them, never the other way.
+MODULE_MAY_IMPORT = {
+    "mlstack_testbed.node.access": {"shared"},
+    "mlstack_testbed.node.access_api": {"shared", "mlstack_testbed.node.access"},
+}
+
+
 def part_of(module: str) -> str | None:
     """The layer a module belongs to; None for a top-level module not placed in TOP_LEVEL."""
     parts = module.split(".")
@@ -104,3 +114,18 @@ def test_layers_import_downward_only() -> None:
         if part_of(dep) not in MAY_IMPORT[part_of(module) or "shared"]
     )
     assert wrong == [], "; ".join(wrong)
+
+
+def test_modules_that_stand_apart_import_only_their_parts() -> None:
+    graph = package_graph()
+    assert set(MODULE_MAY_IMPORT) <= set(graph), sorted(set(MODULE_MAY_IMPORT) - set(graph))
+    wrong = sorted(
+        f"{module} imports {dep} ({part_of(dep)})"
+        for module, parts in MODULE_MAY_IMPORT.items()
+        for dep in graph[module]
+        if part_of(dep) not in parts and dep not in parts
+    )
+    assert wrong == [], "; ".join(wrong)
+    # The rule holds something: the backend stands on the access control.
+    assert "mlstack_testbed.node.access_api" in graph["mlstack_testbed.node.backend"]
+    assert "mlstack_testbed.node.access" in graph["mlstack_testbed.node.access_api"]

@@ -1,11 +1,12 @@
-"""PVE's privilege rule for API tokens, in the testbed's API (backend.TestbedPve), without a server.
+"""PVE's privilege rule for API tokens, in the testbed's API (access.PveAccess of backend.TestbedPve),
+without a server.
 
 A privilege-separated token holds what is granted to the token AND held by its user; a token without
 privilege separation holds exactly its user's privileges; root@pam holds everything, a privilege-
 separated token of root@pam only what is granted to the token. ACL entries on a more specific path
 replace inherited ones, unpropagated ones hold only on their own path, NoAccess wins. Token logins
 fail with PVE's 401 wording. Also: the least privileges the testbed's token gets are the ones the
-README tells a real cluster's admin to grant."""
+docs tell a real cluster's admin to grant (docs/real-cluster.md)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible_collections.mlstack.pve.plugins.module_utils import pve_errors
 from fakepve.model import PveError
 from mlstack_testbed import paths
-from mlstack_testbed.node import backend
+from mlstack_testbed.node import access, backend
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT_TOKEN = "root@pam!ci"
@@ -33,10 +35,11 @@ def pve(tmp_path: Path) -> backend.TestbedPve:
     )
 
 
-class Request:
-    """What TestbedPve._authenticate reads of an aiohttp request."""
+class Request(dict[str, Any]):
+    """What TestbedPve._authenticate reads of an aiohttp request; a mapping, as the request is."""
 
     def __init__(self, authorization: str) -> None:
+        super().__init__()
         self.headers = {"Authorization": authorization}
         self.path = "/api2/json/version"
         self.cookies: dict[str, str] = {}
@@ -165,16 +168,25 @@ def test_tokens_and_grants_persist_with_each_secret_in_a_0600_file(
     again.load_access()
     assert again.ensure_provision_token() is None, "a second start must keep the token and its secret"
     assert again.token_secrets[paths.API_TOKEN_ID] == secret
-    for path in backend.PROVISION_ACL_PATHS:
-        assert again.privileges(paths.API_TOKEN_ID, path + "/x") == set(backend.PROVISION_PRIVILEGES)
+    for path in access.PROVISION_ACL_PATHS:
+        assert again.privileges(paths.API_TOKEN_ID, path + "/x") == set(access.PROVISION_PRIVILEGES)
     assert not again.allowed(paths.API_TOKEN_ID, "/", "Sys.Modify")
     assert not again.allowed(paths.API_TOKEN_ID, "/nodes/testbed", "Sys.Audit")
 
 
-def test_the_readme_grants_exactly_the_testbed_tokens_privileges() -> None:
-    readme = (REPO / "README.md").read_text()
-    found = re.search(r"pveum role add \S+ --privs \"([^\"]+)\"", readme)
-    assert found, 'README: no `pveum role add ... --privs "..."` line'
-    assert sorted(found.group(1).split(",")) == sorted(backend.PROVISION_PRIVILEGES)
-    for path in ("/vms", "/sdn/zones/localnetwork/"):
-        assert f"pveum acl modify {path}" in readme
+def test_the_docs_grant_exactly_the_testbed_tokens_privileges_as_the_roles_messages_quote() -> None:
+    """The page the collection's messages point a refused token to (pve_errors.GRANT_DOC) makes the role
+    with exactly the privileges the testbed's token holds, and grants it with the commands the messages
+    quote."""
+    page, _, heading = pve_errors.GRANT_DOC.partition(", ")
+    text = (REPO / page).read_text()
+    assert f"## {heading.strip(chr(34))}\n" in text, f"{page}: no section {heading}"
+    found = re.search(r"pveum role add (\S+) --privs \"([^\"]+)\"", text)
+    assert found, f'{page}: no `pveum role add ... --privs "..."` line'
+    assert found.group(1) == pve_errors.ROLE == access.PROVISION_ROLE
+    assert sorted(found.group(2).split(",")) == sorted(access.PROVISION_PRIVILEGES)
+    assert sorted(pve_errors.ROLE_PRIVILEGES) == sorted(access.PROVISION_PRIVILEGES)
+    # The docs' example token, granted on /vms and on the bridge as a refused token's message says.
+    for path in ("/vms/100", "/sdn/zones/localnetwork/vmbr0"):
+        for command in pve_errors.grant_commands("root@pam!mlstack", path):
+            assert command in text, f"{page}: no `{command}`"

@@ -1,6 +1,8 @@
 """The stand-in PVE node: what answers where a Proxmox VE node would.
 
     api, backend    the API server (fakepve with every container mirrored onto a real one)
+    access          its access control: tokens, roles, ACL, PVE's permission checks and 401s
+    access_api      its /access endpoints (tokens, roles, ACL, permissions), as pveum uses them
     nodes, sshd     the cluster's nodes, each a real sshd whose /usr/sbin shows the commands below
     pct, direct     `pct` (and `pveversion`): through the API, or the direct backend where none runs
     pveam           the appliance manager and its template catalogue

@@ -1,33 +1,13 @@
-"""Filters for the preflight: checks of inventory values and existing containers that a spec cannot
-express."""
+"""Filter for the preflight: the passed-through device nodes of existing containers that the node lacks
+(module_utils/preflight.py)."""
 
 from __future__ import annotations
 
-import posixpath
-import re
 from typing import Any
 
-_DEV_KEY = re.compile(r"^dev\d+$")
-_GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
-# Nodes the pve_host role recreates itself (nvidia-modprobe -u) when the driver is loaded.
-_RECREATED_BY_HOST = re.compile(r"^/dev/nvidia-uvm(-tools)?$")
-
-
-def path_within(path: str, roots: list[str]) -> bool:
-    """Whether absolute `path` is one of `roots` or lies below one (no `..` tricks: paths are normalised)."""
-    if not path or not path.startswith("/"):
-        return False
-    norm = posixpath.normpath(path)
-    for root in roots:
-        root = posixpath.normpath(str(root))
-        if root.startswith("/") and (norm == root or norm.startswith(root.rstrip("/") + "/")):
-            return True
-    return False
-
-
-def _dev_path(value: str) -> str:
-    head = str(value).split(",", 1)[0].strip()
-    return head.split("=", 1)[1] if head.startswith("path=") else head
+from ansible.errors import AnsibleFilterError
+from ansible_collections.mlstack.pve.plugins.module_utils import preflight
+from ansible_collections.mlstack.pve.plugins.module_utils.gpu_selection import SelectionError
 
 
 def missing_passthrough(
@@ -36,34 +16,13 @@ def missing_passthrough(
     host_nodes: list[str],
     driver_loaded: bool = False,
 ) -> list[dict[str, Any]]:
-    """devN entries of existing inventory containers whose host node is missing, so PVE would refuse to
-    start them ("Device /dev/x does not exist"). Entries this run drops anyway (a GPU no longer in the
-    container's `gpus`) and uvm nodes the node role recreates (driver loaded) are not reported."""
-    wanted = {int(c["vmid"]): c.get("gpus", "all") for c in containers}
-    present = set(host_nodes)
-    out = []
-    for guest in guests:
-        vmid = int(guest.get("vmid", 0))
-        if vmid not in wanted or guest.get("type", "lxc") != "lxc":
-            continue
-        gpus = wanted[vmid]
-        for key, value in sorted((guest.get("config") or {}).items()):
-            if not _DEV_KEY.match(key):
-                continue
-            path = _dev_path(value)
-            if path in present or not path.startswith("/dev/nvidia"):
-                continue
-            if gpus in (None, "none", [], 0):
-                continue
-            m = _GPU_NODE.match(path)
-            if m and isinstance(gpus, list) and int(m.group(1)) not in gpus:
-                continue
-            if driver_loaded and _RECREATED_BY_HOST.match(path):
-                continue
-            out.append({"vmid": vmid, "key": key, "path": path})
-    return out
+    """See module_utils/preflight.missing_passthrough; a refused `gpus` is an AnsibleFilterError."""
+    try:
+        return preflight.missing_passthrough(guests, containers, host_nodes, driver_loaded)
+    except SelectionError as e:
+        raise AnsibleFilterError(str(e)) from e
 
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"path_within": path_within, "missing_passthrough": missing_passthrough}
+        return {"missing_passthrough": missing_passthrough}

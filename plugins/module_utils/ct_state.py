@@ -1,6 +1,7 @@
 """Reading what a role manages inside a container, in one pass: files, folders, links, dpkg packages, a
-tool's version, a locked venv and an installed distribution. Each check returns what it found and, when
-the state is not the wanted one, why; the roles run a mutating task only for an item that differs.
+tool's version, the driver userspace's libcuda, a locked venv and an installed distribution. Each check
+returns what it found and, when the state is not the wanted one, why; the roles run a mutating task only
+for an item that differs.
 
 Nothing here changes anything, and every check fails closed: what cannot be read differs.
 """
@@ -14,6 +15,8 @@ import stat
 import subprocess
 from collections.abc import Callable
 from typing import Any
+
+from ansible_collections.mlstack.pve.plugins.module_utils.libcuda_facts import cached_version, ldconfig_argv
 
 # Top-level entries of site-packages a venv's manifest leaves out: bytecode Python writes there at run
 # time, and the doctor, which its own role installs into the venv after the build (and checks itself).
@@ -110,6 +113,19 @@ def check_version(item: dict[str, Any], run: Callable[[list[str]], tuple[int, st
     if said != item["expect"] and not said.startswith(item["expect"] + " "):
         return said, f"is {said or 'silent'}"
     return said, None
+
+
+def check_libcuda(item: dict[str, Any], run: Callable[[list[str]], tuple[int, str, str]]) -> Found:
+    """libcuda's version as the linker cache resolves it (libcuda_facts.cached_version); against
+    `version` when given. Without `version` it is only read: no libcuda is then no difference."""
+    argv = ldconfig_argv()
+    rc, out, err = run(argv)
+    if rc != 0:
+        return None, f"{' '.join(argv)} exited {rc}: {(err or out).strip() or 'no output'}"
+    found = cached_version(out)
+    if item.get("version") and found != item["version"]:
+        return found, f"is {found}" if found else "missing"
+    return found, None
 
 
 def site_packages(venv: str) -> str | None:
@@ -218,7 +234,7 @@ CHECKS: dict[str, Callable[..., Found]] = {
     "dist": check_dist,
     "subdirs": check_subdirs,
 }
-COMMAND_CHECKS = {"packages": check_packages, "version": check_version}
+COMMAND_CHECKS = {"packages": check_packages, "version": check_version, "libcuda": check_libcuda}
 
 
 def read_state(

@@ -2,11 +2,12 @@
 (what is wrong and what to fix), in the order a user would fix them. Nothing here reads the node or the
 API: the role reads them once and passes what it found.
 
-Three groups, run as their inputs become known during the preflight: the inventory's own values
-(before the stack policy chooses), the chosen stacks against the profiles, the node's GPUs and paths,
-and the guests the API listed.
+The role runs them in three groups (CHECKS, by name), as their inputs become known during the preflight:
+the inventory's own values (before the stack policy chooses), the chosen stacks against the profiles,
+the node's GPUs and paths, and the guests the API listed.
 
-Controller only (the inventory_check action): it shares the preflight filters' own rules.
+Controller only (the inventory_check action): the `gpus` selection is read by gpu_selection, the paths
+by preflight, as the filters read them.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import yaml
-from ansible.errors import AnsibleFilterError
-from ansible_collections.mlstack.pve.plugins.filter.container_options import selected_gpu_nodes
-from ansible_collections.mlstack.pve.plugins.filter.preflight import path_within
+from ansible_collections.mlstack.pve.plugins.module_utils import gpu_selection
+from ansible_collections.mlstack.pve.plugins.module_utils.ct_settings import CREATE_DEFAULTS
+from ansible_collections.mlstack.pve.plugins.module_utils.preflight import path_within
 
 _DNS_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$")
 _PVE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]*$")
@@ -78,7 +80,7 @@ def token_settings(host: str, token_id: str, secret_set: bool) -> list[str]:
 
 
 def container_fields(host: str, containers: list[dict[str, Any]]) -> list[str]:
-    """Each entry's own fields."""
+    """Each entry's own fields, its `gpus` read as every reading of it does (gpu_selection)."""
     out = []
     for c in containers:
         profile = str(c.get("profile") or "default")
@@ -107,6 +109,10 @@ def container_fields(host: str, containers: list[dict[str, Any]]) -> list[str]:
                 f"Container {c.get('vmid', '?')} on {host}: expected {'; '.join(bad)}."
                 " Fix the inventory entry."
             )
+        try:
+            gpu_selection.of_container(c)
+        except gpu_selection.SelectionError as e:
+            out.append(f"Container {c.get('vmid', '?')} on {host}: {e}. Fix the inventory entry.")
     return out
 
 
@@ -138,13 +144,14 @@ def resources(containers: list[dict[str, Any]], choices: dict[str, Any], profile
                 needs = yaml.safe_load(f) or {}
         except FileNotFoundError:
             needs = {}
-        memory, disk = _as_int(c.get("memory_mb", 4096)), _as_int(c.get("disk_gb", 32))
+        c = {"memory_mb": CREATE_DEFAULTS["memory_mb"], "disk_gb": CREATE_DEFAULTS["disk_gb"], **c}
+        memory, disk = _as_int(c["memory_mb"]), _as_int(c["disk_gb"])
         min_memory, min_disk = needs.get("min_memory_mb", 0), needs.get("min_disk_gb", 0)
         if memory < _as_int(min_memory) or disk < _as_int(min_disk):
             out.append(
                 f"Container {c['vmid']}: profile {profile} needs at least {min_memory} MiB of memory and"
                 f" {min_disk} GiB of disk (profiles/{profile}/profile.yml), but the inventory gives memory_mb"
-                f" {c.get('memory_mb', 4096)} and disk_gb {c.get('disk_gb', 32)}. Raise them in the inventory"
+                f" {c['memory_mb']} and disk_gb {c['disk_gb']}. Raise them in the inventory"
                 " entry."
             )
     return out
@@ -185,9 +192,9 @@ def gpu_selections(host: str, containers: list[dict[str, Any]], gpu_nodes: list[
     out = []
     for c in containers:
         try:
-            selected_gpu_nodes(gpu_nodes, c.get("gpus", "all"))
-        except AnsibleFilterError as e:
-            out.append(f"Container {c.get('vmid')} on {host}: {e.message}")
+            gpu_selection.select_nodes(gpu_nodes, c.get("gpus", gpu_selection.DEFAULT))
+        except gpu_selection.SelectionError as e:
+            out.append(f"Container {c.get('vmid')} on {host}: {e}")
     return out
 
 
@@ -254,3 +261,62 @@ def missing_passthrough_message(host: str, missing: list[dict[str, Any]]) -> lis
         " `nvidia-modprobe -u -c=0` recreates /dev/nvidia-uvm*. If a GPU is gone for good, list the GPUs"
         " left in the container's gpus. Then rerun."
     ]
+
+
+Check = Callable[[dict[str, Any]], list[str]]
+# Every check by name, the inputs it needs (the action refuses a named check without them) and how it is
+# called on the action's arguments. A caller names the checks it runs: none is picked by what is given.
+CHECKS: dict[str, tuple[tuple[str, ...], Check]] = {
+    "node_settings": (("settings",), lambda a: node_settings(a["host"], a["settings"])),
+    "token_settings": (
+        ("settings",),
+        lambda a: token_settings(
+            a["host"], str(a["settings"].get("token_id", "")), bool(a["settings"].get("token_secret_set"))
+        ),
+    ),
+    "container_fields": (("containers",), lambda a: container_fields(a["host"], a["containers"])),
+    "profiles_exist": (
+        ("containers", "profiles_dir"),
+        lambda a: profiles_exist(a["containers"], a["profiles_dir"]),
+    ),
+    "resources": (
+        ("containers", "choices", "profiles_dir"),
+        lambda a: resources(a["containers"], a["choices"], a["profiles_dir"]),
+    ),
+    "locks": (("locks",), lambda a: locks(a["locks"])),
+    "gpu_selections": (
+        ("containers", "gpu_nodes"),
+        lambda a: gpu_selections(a["host"], a["containers"], a["gpu_nodes"]),
+    ),
+    "unique": (("all_containers",), lambda a: unique(a["all_containers"])),
+    "bind_sources": (
+        ("containers", "resolved", "mount_roots"),
+        lambda a: bind_sources(
+            a["host"], a["containers"], a.get("caches") or [], a["resolved"], a["mount_roots"]
+        ),
+    ),
+    "foreign_vmids": (
+        ("containers", "guests", "ours"),
+        lambda a: foreign_vmids(a["containers"], a["guests"], a["ours"], a["tag"]),
+    ),
+    "missing_passthrough": (
+        ("missing_nodes",),
+        lambda a: missing_passthrough_message(a["host"], a["missing_nodes"]),
+    ),
+}
+
+
+def run_checks(names: list[str], args: dict[str, Any]) -> list[str]:
+    """The messages of the named checks, in the order named; ValueError for a name that is no check or a
+    check whose inputs are not given (a caller's mistake, not the inventory's)."""
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise ValueError(f"unknown check(s) {', '.join(unknown)}; the checks: {', '.join(CHECKS)}")
+    errors: list[str] = []
+    for name in names:
+        needs, check = CHECKS[name]
+        missing = [n for n in needs if args.get(n) is None]
+        if missing:
+            raise ValueError(f"check {name} needs {', '.join(missing)}")
+        errors += check(args)
+    return errors

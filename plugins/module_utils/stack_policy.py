@@ -1,9 +1,10 @@
 """The arch-aware stack policy: which stack profile and extras a container gets on its GPUs.
 
-Inputs are what a node and the repository say for themselves: the GPUs from nvidia-smi's csv answer, each
-profile's LOCKED versions (profiles/<name>/uv.lock) and extras (its pyproject.toml), and the rules of
-profiles/policy.yml. Nothing is inferred from a profile's name. Pure functions; standard library plus
-PyYAML (the controller has it through ansible-core).
+Inputs are what a node and the repository say for themselves: the GPUs from nvidia-smi's csv answer
+(nvidia_facts.parse_nvidia_smi_csv, as node_state reads them), each profile's LOCKED versions
+(profiles/<name>/uv.lock) and extras (its pyproject.toml), and the rules of profiles/policy.yml.
+Nothing is inferred from a profile's name. Pure functions; standard library plus PyYAML (the controller
+has it through ansible-core).
 """
 
 from __future__ import annotations
@@ -20,22 +21,6 @@ _CAP = re.compile(r"^(\d+)\.(\d+)$")
 _ARCH = re.compile(r"^sm_(\d+)(\d)$")
 _CLAUSE = re.compile(r"^(>=|<=|==|!=|<|>)\s*(\S+)$")
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
-
-
-def parse_nvidia_smi_csv(text: str) -> list[dict[str, Any]]:
-    """GPUs from `nvidia-smi --query-gpu=index,name,uuid,compute_cap --format=csv,noheader`.
-
-    Lines that are not a GPU row (a warning nvidia-smi printed among them) are skipped.
-    """
-    gpus = []
-    for line in text.splitlines():
-        index, _, rest = line.partition(",")
-        fields = rest.rsplit(",", 2)  # a name could hold a comma; the uuid and compute_cap cannot
-        if len(fields) != 3 or not index.strip().isdigit() or not _CAP.match(fields[2].strip()):
-            continue
-        name, uuid, cap = (f.strip() for f in fields)
-        gpus.append({"index": int(index), "name": name, "uuid": uuid, "compute_cap": cap})
-    return gpus
 
 
 def arch_of(compute_cap: str) -> str:

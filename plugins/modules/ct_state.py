@@ -18,9 +18,10 @@ options:
       - Items by key. C(type) is one of C(file) (C(path), optional C(sha1), C(mode), C(owner), C(group)),
         C(directory) (C(path), optional C(mode), C(owner), C(group)), C(link) (C(path), optional C(src)),
         C(packages) (C(names), installed per dpkg), C(version) (C(argv) prints C(expect), or C(expect)
-        followed by a space and more), C(venv) (C(path), a venv the builder completed whose site-packages
-        still hold what its manifest recorded), C(dist) (C(venv), C(name), optional C(version)), or
-        C(subdirs) (C(path); lists folders, never differs).
+        followed by a space and more), C(libcuda) (the version of the libcuda.so.1 the linker cache lists
+        first, as its file names it; optional C(version) it must be), C(venv) (C(path), a venv the builder
+        completed whose site-packages still hold what its manifest recorded), C(dist) (C(venv), C(name),
+        optional C(version)), or C(subdirs) (C(path); lists folders, never differs).
     type: dict
     required: true
 author: mlstack maintainers

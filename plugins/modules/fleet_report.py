@@ -8,9 +8,12 @@ DOCUMENTATION = r"""
 module: fleet_report
 short_description: Write the fleet report (fleet.json, fleet.md) in one controller-side step
 description:
-  - Reads the previous C(fleet.json) in O(dir), compares this run's O(rows) with it (the drift view,
-    P(mlstack.pve.fleet_drift#filter)), lists the containers whose driver userspace differs from their node
-    (P(mlstack.pve.userspace_mismatches#filter)), renders O(template) (the fleet_report role's C(fleet.md.j2),
+  - Builds one row per container of the inventory group O(group) from that host's variables - C(mlstack_pve_host),
+    C(proxmox_vmid), the stack (C(mlstack_container) with the stack policy's C(mlstack_stack_choice)), the doctor's
+    C(doctor_report) (its stage verdicts, root cause and the stack it saw) and the driver userspace check
+    C(nvidia_userspace_check).
+  - Reads the previous C(fleet.json) in O(dir), compares the rows with it (the drift view), lists the containers
+    whose driver userspace differs from their node, renders O(template) (the fleet_report role's C(fleet.md.j2),
     with C(_fleet_report_rows), C(_fleet_report_drift) and C(_fleet_report_mismatches)) and writes
     C(fleet.json) and C(fleet.md). No module runs, so reading, comparing and writing cost no round trip.
   - Each file is written only when its content differs, through a temporary file renamed over it.
@@ -22,11 +25,10 @@ options:
     description: Controller folder of the report (made when missing).
     type: path
     required: true
-  rows:
-    description: One row per container, each with at least C(container) (the fleet_report role's rows).
-    type: list
-    elements: dict
-    required: true
+  group:
+    description: The inventory group of the containers to report on; a group the inventory lacks reports none.
+    type: str
+    default: mlstack_containers
   template:
     description: The Markdown template, looked up in the role's C(templates) folder.
     type: str
@@ -38,7 +40,7 @@ EXAMPLES = r"""
 - name: Write the fleet report
   mlstack.pve.fleet_report:
     dir: "{{ playbook_dir }}/../reports"
-    rows: "{{ _fleet_report_rows }}"
+    group: mlstack_containers
   register: _fleet_report_out
 """
 

@@ -11,9 +11,22 @@ description:
   - Runs on the controller only; changes nothing. The gpu_container preflight calls it once per group of
     checks, as what a group needs becomes known - the inventory's values, then the chosen stacks against the
     profiles, the node's GPUs and resolved paths, then the guests the PVE API listed.
-  - Each group runs when all the options it needs are given. The task fails when any check finds something
-    wrong; RV(errors) and the message list what to fix, one line each.
+  - Runs the checks O(checks) names, in that order; a named check without the options it needs fails the
+    task, naming them. The task fails when any check finds something wrong; RV(errors) and the message list
+    what to fix, one line each.
 options:
+  checks:
+    description:
+      - The checks to run. V(node_settings) and V(token_settings) need O(settings); V(container_fields)
+        O(containers); V(profiles_exist) O(profiles_dir); V(resources) O(choices) and O(profiles_dir);
+        V(locks) O(locks); V(gpu_selections) O(gpu_nodes); V(unique) O(all_containers); V(bind_sources)
+        O(resolved) and O(mount_roots) (and O(caches)); V(foreign_vmids) O(guests) and O(ours);
+        V(missing_passthrough) O(missing_nodes).
+    type: list
+    elements: str
+    required: true
+    choices: [node_settings, token_settings, container_fields, profiles_exist, resources, locks, gpu_selections,
+              unique, bind_sources, foreign_vmids, missing_passthrough]
   settings:
     description:
       - C(node), C(storage), C(bridge), C(ostemplate), C(tag) (PVE's formats), and C(token_id) with
@@ -73,6 +86,7 @@ author: mlstack maintainers
 EXAMPLES = r"""
 - name: Check the inventory's settings and containers
   mlstack.pve.inventory_check:
+    checks: [node_settings, token_settings, container_fields, profiles_exist]
     settings: {node: pve1, storage: local-lvm, bridge: vmbr0, ostemplate: "local:vztmpl/debian.tar.zst", tag: mlstack}
     containers: "{{ gpu_container_list }}"
     profiles_dir: "{{ playbook_dir }}/../profiles"

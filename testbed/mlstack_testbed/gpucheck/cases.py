@@ -43,6 +43,9 @@ class Case:
     result: dict[str, Any] = field(default_factory=dict)
 
 
+COLLECTION = "ansible_collections.mlstack.pve.plugins"
+
+
 def load_filter() -> types.ModuleType:
     """The project's own devN/mpN filter (plugins/filter/container_options.py), with or without Ansible."""
     try:
@@ -54,11 +57,18 @@ def load_filter() -> types.ModuleType:
         ansible.errors = errors  # type: ignore[attr-defined]
         sys.modules.setdefault("ansible", ansible)
         sys.modules.setdefault("ansible.errors", errors)
-    spec = importlib.util.spec_from_file_location(
-        "mlstack_container_options", REPO / "plugins" / "filter" / "container_options.py"
-    )
+    # The filter reads `gpus` with the collection's module_utils/gpu_selection.py (standard library only):
+    # loaded under its collection name, the import finds it without the collection being installed.
+    _load(f"{COLLECTION}.module_utils.gpu_selection", "module_utils/gpu_selection.py")
+    return _load("mlstack_container_options", "filter/container_options.py")
+
+
+def _load(name: str, path: str) -> types.ModuleType:
+    """A module of the checkout's plugins/ by its path, as `name`."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "plugins" / path)
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 

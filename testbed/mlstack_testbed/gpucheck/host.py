@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlstack_doctor.facts import libcuda, nvidia
+
 from .. import paths
 from ..lxc import hostroot
 
@@ -145,21 +147,16 @@ def proc_majors() -> dict[str, int]:
 
 def driver_version() -> str | None:
     try:
-        text = Path("/proc/driver/nvidia/version").read_text()
+        return nvidia.kernel_module_version(Path(nvidia.PROC_VERSION).read_text())
     except OSError:
         return None
-    m = re.search(r"Kernel Module(?: for [\w-]+)?\s+([\d.]+)", text)
-    return m.group(1) if m else None
 
 
 def find_lib_dir() -> str | None:
     """The host folder holding libcuda.so.1: ldconfig's cache, LD_LIBRARY_PATH, then the usual places."""
-    dirs: list[str] = []
-    ldconfig = "/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else "ldconfig"
-    r = sh([ldconfig, "-p"], timeout=30)
-    for line in r.stdout.splitlines():
-        if "libcuda.so.1 " in line and "=>" in line:
-            dirs.append(os.path.dirname(line.split("=>")[-1].strip()))
+    dirs = [
+        os.path.dirname(p) for p in libcuda.ldconfig_paths(sh(libcuda.ldconfig_argv(), timeout=30).stdout)
+    ]
     dirs += [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
     dirs += ["/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"]
     return next((d for d in dirs if os.path.exists(os.path.join(d, "libcuda.so.1"))), None)
@@ -167,13 +164,10 @@ def find_lib_dir() -> str | None:
 
 def libcuda_locations() -> list[str]:
     """Every libcuda.so.1 in the host's linker cache, with where it really is (diagnostics)."""
-    ldconfig = "/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else "ldconfig"
     out = []
-    for line in sh([ldconfig, "-p"], timeout=30).stdout.splitlines():
-        if "libcuda.so.1 " in line and "=>" in line:
-            loc = line.split("=>")[-1].strip()
-            real = os.path.realpath(loc)
-            out.append(f"{loc} -> {real} (on the mount at {hostroot.mount_of(real)})")
+    for loc in libcuda.ldconfig_paths(sh(libcuda.ldconfig_argv(), timeout=30).stdout):
+        real = os.path.realpath(loc)
+        out.append(f"{loc} -> {real} (on the mount at {hostroot.mount_of(real)})")
     return out
 
 

@@ -20,10 +20,16 @@ from typing import Any, Protocol
 
 from .. import paths
 from .cases import DOCTOR_MP, USER_GROUPS, USER_UID, Case
-from .host import REPO, Host
+from .host import Host
 from .report import evaluate, evaluate_nccl
 
 LD_CONF = "/etc/ld.so.conf.d/mlstack-nvidia.conf"
+# Inside, with the doctor's folder on PYTHONPATH: `ldconfig -p` on stdin, libcuda's version printed.
+LIBCUDA_VERSION = """
+import sys
+from mlstack_doctor.facts import libcuda
+print(libcuda.cached_version(sys.stdin.read()) or "")
+"""
 # Run inside with the host's interpreter: mknod each host node afresh and open it. The device cgroup is
 # what answers EPERM, so this shows which major:minor the container is allowed, driver or not.
 CGCHECK = r"""
@@ -212,10 +218,11 @@ def userspace(case: Case, host: Host, step: Step) -> None:
             "here); the node permission is what this case tests"
         )
         return
+    # libcuda's version read as the role reads it (ct_state's libcuda item): the doctor's parser of
+    # `ldconfig -p`, run inside so that the link is followed in the container's own filesystem.
     script = (
         f"echo {shlex.quote(host.ct_lib_dir)} > {LD_CONF} && ldconfig; "
-        "ldconfig -p | sed -n 's/.*libcuda\\.so\\.1 .*=> //p' | head -n1 | xargs -r readlink -f "
-        "| sed -n 's/.*libcuda\\.so\\.//p'"
+        f"ldconfig -p | PYTHONPATH={DOCTOR_MP} {shlex.quote(host.python)} -c {shlex.quote(LIBCUDA_VERSION)}"
     )
     r = pct(["exec", str(case.vmid), "--", "/bin/sh", "-c", script], timeout=120)
     step(f"nvidia_userspace bind method inside: {LD_CONF} -> {host.ct_lib_dir}; ldconfig; libcuda version", r)
@@ -324,9 +331,6 @@ def run_doctor(
 
 def doctor_probes(tier: str, skip: list[str]) -> list[str]:
     """The probes of a tier (the doctor's own list, from verify/src) less the skipped ones."""
-    sys.path.insert(0, str(REPO / "verify" / "src"))
-    try:
-        from mlstack_doctor import engine
-    finally:
-        sys.path.pop(0)
+    from mlstack_doctor import engine
+
     return [p.name for p in engine.selected(tier) if p.name not in skip]

@@ -1,10 +1,11 @@
 """The NVIDIA driver the testbed's nodes report, and a stand-in NVIDIA runfile for a driver version.
 
 `testbed up --driver-version V` makes every node look like one with NVIDIA kernel module V loaded, as the
-project reads a node: `/proc/driver/nvidia/version` (pve_host) and nvidia-smi's `driver_version`
-(nvsmi.py). paths.DRIVER_PROC_DIR holds `nvidia/version` and is bound over /proc/driver in each node's
-sshd mount namespace only: the machine and the containers (each with its own /proc) never see it, and a
-later `up` rewrites the file under a running sshd. `up` without the option: no driver, as with
+project reads a node: `/proc/driver/nvidia/version` (pve_host; read back with the doctor's own parser,
+mlstack_doctor.facts.nvidia) and nvidia-smi's `driver_version` (nvsmi.py). paths.DRIVER_PROC_DIR holds
+`nvidia/version` and is bound over /proc/driver in each node's sshd mount namespace only: the machine
+and the containers (each with its own /proc) never see it, and a later `up` rewrites the file under a
+running sshd. `up` without the option: no driver, as with
 --gpu-model. No kernel module is loaded: the GPU nodes still answer ENXIO.
 
 `runfile(V, folder)` writes `NVIDIA-Linux-x86_64-V.run`, a self-contained shell script standing in for
@@ -24,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mlstack_doctor.facts import nvidia
+
 from .. import paths
 from ..proc import run
 
@@ -33,7 +36,6 @@ PROC_VERSION_TEXT = (
     "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  (mlstack-testbed)  \n"
     "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n"
 )
-PROC_VERSION_PARSE = re.compile(r"Kernel Module(?: for \S+)?\s+([0-9][0-9.]+)")
 
 
 def _checked(version: str) -> str:
@@ -58,10 +60,9 @@ def _version_file() -> Path:
 def current() -> str | None:
     """The kernel module version the nodes report, or None (no driver)."""
     try:
-        m = PROC_VERSION_PARSE.search(_version_file().read_text())
+        return nvidia.kernel_module_version(_version_file().read_text())
     except OSError:
         return None
-    return m.group(1) if m else None
 
 
 def _shown_in(pid: int) -> bool:

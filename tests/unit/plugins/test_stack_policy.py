@@ -18,6 +18,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.mlstack.pve.plugins.filter.stack_policy import stack_choice
 from ansible_collections.mlstack.pve.plugins.module_utils import stack_policy as sp
+from ansible_collections.mlstack.pve.plugins.module_utils.nvidia_facts import parse_nvidia_smi_csv
 
 REPO = Path(__file__).resolve().parents[3]
 PROFILES = REPO / "profiles"
@@ -26,7 +27,7 @@ DEFAULT = "torch211-triton37-fla06"
 
 
 def recorded(name: str) -> list[dict[str, Any]]:
-    return sp.parse_nvidia_smi_csv((RECORDED / f"{name}.csv").read_text())
+    return parse_nvidia_smi_csv((RECORDED / f"{name}.csv").read_text())
 
 
 @pytest.mark.parametrize(
@@ -63,7 +64,7 @@ def test_the_answer_recorded_on_the_lent_h200_through_the_policy(
 
 def test_lines_that_are_not_gpu_rows_are_skipped() -> None:
     text = "WARNING: infoROM is corrupted at gpu 0000:17:00.0\n0, NVIDIA H200, GPU-1, 9.0\n\n"
-    assert sp.parse_nvidia_smi_csv(text) == [
+    assert parse_nvidia_smi_csv(text) == [
         {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-1", "compute_cap": "9.0"}
     ]
 
@@ -278,7 +279,7 @@ def test_locked_versions_are_read_from_uv_lock(profile: str) -> None:
 
 
 def test_the_lock_pins_what_the_readme_says() -> None:
-    """The profiles the policy reasons about are the ones README describes."""
+    """The profiles the policy reasons about are the ones docs/profiles.md describes."""
     assert sp.read_profile(str(PROFILES), DEFAULT)["versions"]["triton"] == "3.7.1"
     assert sp.read_profile(str(PROFILES), "torch211-triton36")["versions"]["fla-core"] == "0.5.1"
 
@@ -300,9 +301,8 @@ def test_policy_rules_are_sourced_and_parse() -> None:
             assert rule["provides"] == "tilelang"
 
 
-def test_readme_policy_table_lists_every_rule() -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Stack profiles", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_policy_table_lists_every_rule() -> None:
+    section = (REPO / "docs" / "profiles.md").read_text()
     for rule in yaml.safe_load((PROFILES / "policy.yml").read_text())["rules"]:
         assert f"`{rule['id']}`" in section, rule["id"]
     assert f"`{DEFAULT}` (default)" in section

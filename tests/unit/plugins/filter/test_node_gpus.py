@@ -1,11 +1,14 @@
-"""The GPUs a container's `gpus` selects among the node's, read from nvidia-smi's recorded answers."""
+"""The filters a play reads `gpus` with (gpus_of, gpus_requested): module_utils/gpu_selection.py's
+reading, a refusal as the AnsibleFilterError a play shows."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ansible_collections.mlstack.pve.plugins.filter.node_gpus import gpus_of
-from ansible_collections.mlstack.pve.plugins.module_utils.stack_policy import parse_nvidia_smi_csv
+import pytest
+from ansible.errors import AnsibleFilterError
+from ansible_collections.mlstack.pve.plugins.filter.node_gpus import gpus_of, gpus_requested
+from ansible_collections.mlstack.pve.plugins.module_utils.nvidia_facts import parse_nvidia_smi_csv
 
 RECORDED = Path(__file__).resolve().parents[3] / "data" / "nvidia-smi"
 
@@ -25,19 +28,17 @@ def test_gpus_of_an_index_the_node_did_not_list() -> None:
     assert gpus_of(gpus, [1, 5]) == [gpus[1]]
 
 
-def test_nvidia_smi_gpus_reads_the_recorded_h200_answer() -> None:
-    from ansible_collections.mlstack.pve.plugins.filter.node_gpus import nvidia_smi_gpus
-
-    gpus = nvidia_smi_gpus((RECORDED / "h200.csv").read_text())
-    assert len(gpus) == 8 and [g["index"] for g in gpus] == list(range(8))
-    assert gpus[0] == {
-        "index": 0,
-        "name": "NVIDIA H200",
-        "uuid": "GPU-eb71c47d-a861-7462-3963-1df8cd0f72b0",
-        "compute_cap": "9.0",
-    }
-
-
-def test_gpus_of_a_malformed_selection_is_no_gpu() -> None:
+@pytest.mark.parametrize("selection", ["$(reboot)", ["0; reboot"], 0])
+def test_gpus_of_a_malformed_selection_is_refused(selection: object) -> None:
     gpus = parse_nvidia_smi_csv((RECORDED / "h100-pcie.csv").read_text())
-    assert gpus_of(gpus, "$(reboot)") == [] and gpus_of(gpus, ["0; reboot"]) == []
+    with pytest.raises(AnsibleFilterError, match="gpus"):
+        gpus_of(gpus, selection)
+
+
+def test_gpus_requested() -> None:
+    assert gpus_requested([{"vmid": 1, "gpus": "none"}, {"vmid": 2}]) is True
+    assert gpus_requested([{"vmid": 1, "gpus": "none"}]) is False
+    with pytest.raises(
+        AnsibleFilterError, match=r"^Container 2: gpus: 0 is not a list: write \[0\] for GPU 0"
+    ):
+        gpus_requested([{"vmid": 2, "gpus": 0}])

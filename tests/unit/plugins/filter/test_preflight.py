@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import pytest
+from ansible.errors import AnsibleFilterError
 from ansible_collections.mlstack.pve.plugins.filter import preflight as f
+from ansible_collections.mlstack.pve.plugins.module_utils.preflight import path_within
 
 ROOTS = ["/var/lib/mlstack", "/srv", "/mnt/"]
 
@@ -22,7 +24,7 @@ ROOTS = ["/var/lib/mlstack", "/srv", "/mnt/"]
     ],
 )
 def test_path_within(path: str, inside: bool) -> None:
-    assert f.path_within(path, ROOTS) is inside
+    assert path_within(path, ROOTS) is inside
 
 
 NODES = ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
@@ -57,3 +59,8 @@ def test_missing_passthrough(gpus: object, config: dict, driver: bool, missing: 
 
 def test_missing_passthrough_ignores_containers_not_in_the_inventory() -> None:
     assert f.missing_passthrough([guest(161, dev0="/dev/nvidia7")], [{"vmid": 160}], NODES) == []
+
+
+def test_missing_passthrough_refuses_a_bare_index_as_every_reading_does() -> None:
+    with pytest.raises(AnsibleFilterError, match=r"gpus: 0 is not a list: write \[0\] for GPU 0"):
+        f.missing_passthrough([guest(160, dev0="/dev/nvidia1")], [{"vmid": 160, "gpus": 0}], NODES)

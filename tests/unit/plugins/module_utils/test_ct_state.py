@@ -8,6 +8,7 @@ import hashlib
 import os
 import re
 import shlex
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -240,9 +241,67 @@ def test_the_module_through_ansible(tmp_path: Path) -> None:
     items = {
         "venv": {"type": "venv", "path": str(venv)},
         "gone": {"type": "directory", "path": "/nonexistent"},
+        # This machine's own linker cache (no NVIDIA driver here): read, no libcuda, no difference.
+        "libcuda": {"type": "libcuda"},
     }
     result = run_module("mlstack.pve.ct_state", {"items": items})
     assert result.get("failed") is not True, result
     assert result["changed"] is False
     assert result["differs"]["gone"] == "missing"
     assert "added triton-3.6.0.dist-info" in result["differs"]["venv"]
+    assert result["found"]["libcuda"] is None and "libcuda" not in result["differs"]
+
+
+@pytest.fixture
+def linker_cache(tmp_path: Path) -> Callable[[str | None], Callable[[list[str]], tuple[int, str, str]]]:
+    """A real linker cache (ldconfig -C) holding a libcuda.so.1 of a given version, or none, as the
+    driver's installer leaves it (libcuda.so.<version>, its soname link made by ldconfig); the runner
+    answers `ldconfig -p` from that cache."""
+    if shutil.which("gcc") is None or not os.path.exists("/sbin/ldconfig"):
+        pytest.skip("needs gcc and /sbin/ldconfig")
+
+    def make(version: str | None) -> Callable[[list[str]], tuple[int, str, str]]:
+        lib = tmp_path / f"lib-{version}"
+        lib.mkdir()
+        cache = tmp_path / f"cache-{version}"
+        if version:
+            (tmp_path / "c.c").write_text("int cuInit(int f) { return 100; }\n")
+            out = lib / f"libcuda.so.{version}"
+            cc = ["gcc", "-shared", "-fPIC", "-nostdlib", "-Wl,-soname,libcuda.so.1", "-o", str(out)]
+            subprocess.run([*cc, str(tmp_path / "c.c")], check=True)
+        subprocess.run(["/sbin/ldconfig", "-C", str(cache), "-f", "/dev/null", str(lib)], check=True)
+
+        def run(argv: list[str]) -> tuple[int, str, str]:
+            assert argv[-1] == "-p"
+            p = subprocess.run([*argv, "-C", str(cache)], capture_output=True, text=True, check=False)
+            return p.returncode, p.stdout, p.stderr
+
+        return run
+
+    return make
+
+
+@pytest.mark.parametrize(
+    ("installed", "item", "found", "why"),
+    [
+        ("580.95.05", {}, "580.95.05", None),
+        ("580.95.05", {"version": "580.95.05"}, "580.95.05", None),
+        ("550.54.14", {"version": "580.95.05"}, "550.54.14", "is 550.54.14"),
+        (None, {}, None, None),
+        (None, {"version": "580.95.05"}, None, "missing"),
+    ],
+    ids=["read", "wanted", "other-version", "none-read", "none-wanted"],
+)
+def test_libcuda_as_the_linker_cache_resolves_it(
+    linker_cache: Callable[[str | None], Callable[[list[str]], tuple[int, str, str]]],
+    installed: str | None,
+    item: dict[str, str],
+    found: str | None,
+    why: str | None,
+) -> None:
+    assert ct_state.check_libcuda(item, linker_cache(installed)) == (found, why)
+
+
+def test_libcuda_unreadable_cache_differs() -> None:
+    found, why = ct_state.check_libcuda({}, lambda argv: (1, "", "ldconfig: Can't open cache file\n"))
+    assert found is None and why is not None and why.endswith("exited 1: ldconfig: Can't open cache file")

@@ -218,10 +218,16 @@ def run_action(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_action_fails_with_every_message_that_applies() -> None:
-    """Through ansible: groups run when their inputs are given, all their messages in one failure."""
+    """Through ansible: the checks the task names run, all their messages in one failure."""
     containers = [ct(121, profile="torch99-nosuch"), ct(122, hostname="x;y")]
+    checks = ["node_settings", "token_settings", "container_fields", "profiles_exist"]
     result = run_action(
-        {"settings": SETTINGS, "containers": containers, "profiles_dir": str(ROOT / "profiles")}
+        {
+            "checks": checks,
+            "settings": SETTINGS,
+            "containers": containers,
+            "profiles_dir": str(ROOT / "profiles"),
+        }
     )
     assert result["failed"] is True
     assert len(result["errors"]) == 2
@@ -230,5 +236,55 @@ def test_the_action_fails_with_every_message_that_applies() -> None:
 
 
 def test_the_action_passes_good_input() -> None:
-    result = run_action({"settings": SETTINGS, "containers": [ct()], "all_containers": [ct(), ct(162)]})
+    checks = ["node_settings", "container_fields", "unique"]
+    result = run_action(
+        {"checks": checks, "settings": SETTINGS, "containers": [ct()], "all_containers": [ct(), ct(162)]}
+    )
     assert not result.get("failed") and result["errors"] == [] and result["changed"] is False
+
+
+def test_only_the_named_checks_run() -> None:
+    """Given inputs are not a reason to run a check: duplicates across nodes pass unchecked when the
+    task names only the settings check."""
+    result = run_action({"checks": ["node_settings"], "settings": SETTINGS, "all_containers": [ct(), ct()]})
+    assert not result.get("failed") and result["errors"] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            {"containers": [ct()]},
+            "inventory_check: checks must name the checks to run, some of: node_settings,",
+        ),
+        ({"checks": ["no_such"]}, "inventory_check: unknown check(s) no_such; the checks: node_settings,"),
+        (
+            {"checks": ["container_fields", "gpu_selections"]},
+            "inventory_check: check gpu_selections needs gpu_nodes",
+        ),
+    ],
+    ids=["no-checks", "unknown-check", "missing-input"],
+)
+def test_a_task_that_names_no_check_or_omits_its_input_is_refused(args: dict[str, Any], said: str) -> None:
+    result = run_action(args)
+    assert result["failed"] is True and result["msg"].startswith(said), result["msg"]
+
+
+def test_the_documented_checks_are_the_checks() -> None:
+    import yaml
+    from ansible_collections.mlstack.pve.plugins.modules import inventory_check as doc
+
+    options = yaml.safe_load(doc.DOCUMENTATION)["options"]
+    assert options["checks"]["choices"] == list(check.CHECKS)
+    documented = set(options) - {"checks"}
+    needed = {arg for needs, _ in check.CHECKS.values() for arg in needs}
+    assert needed <= documented, needed - documented
+
+
+def test_a_bare_zero_is_refused_with_the_entrys_own_fields() -> None:
+    """Before the stack policy reads `gpus` (the first group), as every reading of it refuses it."""
+    assert check.container_fields("testbed", [ct(gpus=0)]) == [
+        "Container 161 on testbed: gpus: 0 is not a list: write [0] for GPU 0, or none for no GPU. Fix the"
+        " inventory entry."
+    ]
+    assert check.container_fields("testbed", [ct(gpus=[0]), ct(162, gpus="none")]) == []

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ansible_collections.mlstack.pve.plugins.filter.report import fleet_drift, seen_stack
-from ansible_collections.mlstack.pve.plugins.filter.userspace import driver_userspace, userspace_mismatches
+from ansible_collections.mlstack.pve.plugins.module_utils.driver_userspace import driver_userspace
+from ansible_collections.mlstack.pve.plugins.module_utils.fleet import drift, seen_stack, userspace_mismatches
 
 OLD, NEW = "550.54.14", "560.35.03"
 MISMATCH_SAID = f'libcuda {OLD} inside, the node\'s kernel module is {NEW}: CUDA fails with "API mismatch"'
@@ -152,8 +152,8 @@ def test_the_drift_view_shows_a_driver_upgrade_and_then_the_repair() -> None:
 
     provisioned = {"generated": "t0", "containers": [row(driver_userspace(OLD, OLD))]}
     upgraded = row(driver_userspace(OLD, NEW))
-    assert fleet_drift([upgraded], provisioned)["containers"] == {"n-ct130": [f"driver: {OLD} -> {NEW}"]}
+    assert drift([upgraded], provisioned)["containers"] == {"n-ct130": [f"driver: {OLD} -> {NEW}"]}
     repaired = row(driver_userspace(NEW, NEW))
-    assert fleet_drift([repaired], {"generated": "t1", "containers": [upgraded]})["containers"] == {
+    assert drift([repaired], {"generated": "t1", "containers": [upgraded]})["containers"] == {
         "n-ct130": [f"libcuda: {OLD} -> {NEW}"]
     }

@@ -8,10 +8,13 @@ through a shell.
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 
 PCT = "/usr/sbin/pct"
-# Keys this project manages through pct: device passthrough and bind mount points.
+# Keys this project manages through pct: device passthrough and bind mount points, which are purged
+# (one not wanted is removed), and the settings an inventory states, which are not.
 MANAGED_KEY = re.compile(r"^(dev|mp)\d+$")
+SETTING_KEY = re.compile(r"^(cores|memory|swap|hostname|onboot|description|tags|features|net0)$")
 
 
 def parse_config(text: str) -> dict[str, str]:
@@ -24,6 +27,30 @@ def parse_config(text: str) -> dict[str, str]:
         if sep and key and not key.startswith("#"):
             config[key.strip()] = value.strip()
     return config
+
+
+def parse_pending(text: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Parse `pct pending` (`cur k: v`, `new k: v`, `del k: v` lines): (the config in effect, the config
+    with the pending changes applied, which the container's next start runs with)."""
+    current: dict[str, str] = {}
+    view: dict[str, str] = {}
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        key, sep, value = rest.partition(":")
+        if not sep or kind not in ("cur", "new", "del"):
+            continue
+        key, value = key.strip(), value.strip()
+        if key == "description":
+            value = unquote(value)
+        if kind in ("cur", "del"):
+            current[key] = value
+        if kind == "cur":
+            view.setdefault(key, value)
+        elif kind == "new":
+            view[key] = value
+        else:
+            view.pop(key, None)
+    return current, view
 
 
 def normalise(value: str) -> str:
@@ -52,6 +79,21 @@ def set_command(vmid: int, to_set: dict[str, str], to_delete: list[str]) -> list
     if to_delete:
         argv += ["--delete", ",".join(to_delete)]
     return argv
+
+
+def pending_command(vmid: int) -> list[str]:
+    """The argv of `pct pending`: each key's value in effect and its pending value or delete."""
+    return [PCT, "pending", str(vmid)]
+
+
+def resize_command(vmid: int, size: str) -> list[str]:
+    """The argv of `pct resize <vmid> rootfs <size>` (PVE grows the volume and its filesystem)."""
+    return [PCT, "resize", str(vmid), "rootfs", size]
+
+
+def reboot_command(vmid: int) -> list[str]:
+    """The argv of `pct reboot`: a shutdown and a start, which applies the pending changes."""
+    return [PCT, "reboot", str(vmid)]
 
 
 def status_command(vmid: int) -> list[str]:

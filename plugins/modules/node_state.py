@@ -5,13 +5,21 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: node_state
-short_description: Read a PVE node's version, NVIDIA driver, devices, GPUs, template and directories at once
+short_description: Read a PVE node's version, NVIDIA driver, devices, GPUs, template, directories and mounts at once
 description:
   - Runs on the PVE node (one task, pipelined). Reads what O(gather) names, the templates on
-    O(ostemplate)'s storage, which of O(directories) are not as wanted, and where O(paths) really lead.
-    Changes nothing.
+    O(ostemplate)'s storage, which of O(directories) are not as wanted, where O(paths) really lead, and
+    which bind mounts (mpN) of the running O(containers) no longer hold the node's folder. Changes nothing.
   - The pve_host role reads its node with one call, then runs a changing task (a download, a mkdir,
     nvidia-modprobe) only for what differs, so a rerun on an unchanged node costs one round trip.
+  - A running container keeps the folder it bound at its start, so a shared folder removed or replaced on the
+    node since then (the uv store, the Triton cache, models) stays the old one inside until the container
+    starts again. Each mpN with a node path is compared, through the container's init process
+    (C(lxc-info -n VMID -p -H), C(/proc/PID/mountinfo) and C(/proc/PID/root)), with the node's folder of
+    that path; a mount of a deleted folder, or a device and inode other than the node's folder's, is
+    listed in RV(stale_mounts). The config is the container's current one (C(/etc/pve/lxc/VMID.conf), else
+    C(pct config VMID --current)). Stopped containers are not listed, since their next start binds the node's
+    folders.
   - Fails when C(pveversion) or C(pveam list) fails. nvidia-smi failing or missing is no failure - the
     GPU list is then empty and RV(gpus_reason) says why.
 options:
@@ -35,6 +43,11 @@ options:
     type: list
     elements: str
     default: []
+  containers:
+    description: vmids of containers on this node whose bind mounts to check; entries that are not vmids are left out.
+    type: list
+    elements: raw
+    default: []
 author: mlstack maintainers
 """
 
@@ -45,6 +58,7 @@ EXAMPLES = r"""
     directories:
       - {path: /var/lib/mlstack/cache/uv, owner: 100000, group: 100000, mode: "0755"}
     paths: [/srv/models/llama]
+    containers: [120, 121]
   register: _state
 
 - name: Create the directory only when it differs
@@ -91,6 +105,14 @@ paths:
   description: For each of O(paths), C(real) (the resolved path) and C(exists).
   type: dict
   returned: always
+stale_mounts:
+  description:
+    - Each bind mount of a running container of O(containers) that no longer holds the node's folder, as
+      C(vmid), C(folder) (the node path its mpN names), C(mount_point) (in the container), C(why) and
+      C(summary) (one line naming all three).
+  type: list
+  elements: dict
+  returned: when O(containers) is given
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -104,6 +126,7 @@ def main() -> None:
             "ostemplate": {"type": "str", "default": ""},
             "directories": {"type": "list", "elements": "dict", "default": []},
             "paths": {"type": "list", "elements": "str", "default": []},
+            "containers": {"type": "list", "elements": "raw", "default": []},
         },
         supports_check_mode=True,
     )
@@ -121,6 +144,7 @@ def main() -> None:
             module.params["ostemplate"],
             module.params["directories"],
             module.params["paths"],
+            [int(v) for v in module.params["containers"] if str(v).isdigit()],
         )
     except ValueError as e:
         module.fail_json(msg=str(e))

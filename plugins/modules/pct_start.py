@@ -16,6 +16,12 @@ options:
     description: Container ID.
     type: int
     required: true
+  restart:
+    description:
+      - Restart a running container (C(pct reboot)), so that the changes PVE keeps pending until its next
+        start take effect; a refused start fails as a refused C(pct start) does. A stopped one is started.
+    type: bool
+    default: false
 author: mlstack maintainers
 """
 
@@ -23,6 +29,11 @@ EXAMPLES = r"""
 - name: Start container 120
   mlstack.pve.pct_start:
     vmid: 120
+
+- name: Restart container 120 for its pending changes
+  mlstack.pve.pct_start:
+    vmid: 120
+    restart: true
 """
 
 RETURN = r"""
@@ -35,6 +46,7 @@ reason:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.mlstack.pve.plugins.module_utils.pct import (
     explain_start_failure,
+    reboot_command,
     start_command,
     status_command,
 )
@@ -42,18 +54,22 @@ from ansible_collections.mlstack.pve.plugins.module_utils.pct import (
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={"vmid": {"type": "int", "required": True}},
+        argument_spec={
+            "vmid": {"type": "int", "required": True},
+            "restart": {"type": "bool", "default": False},
+        },
         supports_check_mode=True,
     )
     vmid = module.params["vmid"]
     rc, out, err = module.run_command(status_command(vmid))
     if rc != 0:
         module.fail_json(msg=f"pct status {vmid} failed: {err.strip() or out.strip()}", rc=rc)
-    if "status: running" in out:
+    running = "status: running" in out
+    if running and not module.params["restart"]:
         module.exit_json(changed=False)
     if module.check_mode:
         module.exit_json(changed=True)
-    rc, out, err = module.run_command(start_command(vmid))
+    rc, out, err = module.run_command(reboot_command(vmid) if running else start_command(vmid))
     if rc != 0:
         reason = "\n".join(t for t in (err.strip(), out.strip()) if t)
         fix = explain_start_failure(reason)

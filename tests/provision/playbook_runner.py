@@ -80,13 +80,15 @@ def make_runner(workdir: Path, env: dict[str, str] | None = None) -> Callable[..
     """A runner of the repo's playbooks against the testbed, with the testbed's group_vars and the given
     containers: run(name, containers, **extra_vars). `containers` is the first node's list, or a dict
     {node name: list} for several nodes of the testbed's cluster (one inventory host per node). `limit`
-    is ansible-playbook's --limit: a node's name runs the node plays only (create, configure, start)."""
+    is ansible-playbook's --limit: a node's name runs the node plays only (create, configure, start); `flags`
+    are more of its flags (--check --diff)."""
 
     def run(
         playbook: str,
         containers: list[dict[str, Any]] | dict[str, list[dict[str, Any]]],
         timeout: int = 1800,
         limit: str | None = None,
+        flags: tuple[str, ...] = (),
         **extra: Any,
     ) -> PlaybookRun:
         inventory = workdir / "inventory"
@@ -111,6 +113,8 @@ def make_runner(workdir: Path, env: dict[str, str] | None = None) -> Callable[..
         if limit:
             # `--limit <node>`: the node plays only (the containers added at run time are not in the limit).
             argv += ["--limit", limit]
+        # ansible-playbook's own flags, e.g. ("--check", "--diff") for a plan.
+        argv += list(flags)
         if extra:
             argv += ["-e", json.dumps(extra)]
         run_env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")

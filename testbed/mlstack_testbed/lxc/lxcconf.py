@@ -26,6 +26,9 @@ from pathlib import Path
 DEV_KEY = re.compile(r"^dev(\d+)$")
 MP_KEY = re.compile(r"^mp(\d+)$")
 NET_KEY = re.compile(r"^net(\d+)$")
+MIB = 1024 * 1024
+# PVE's swap for a config that states none (pct's schema default).
+DEFAULT_SWAP_MIB = 512
 
 
 class PveConfigError(ValueError):
@@ -171,27 +174,36 @@ class CgroupLayout:
 
     devices_v1: bool
     memory_key: str | None  # full lxc key for the memory limit, or None
-    swap_key: str | None
+    swap_key: str | None  # cgroup2: swap alone; v1: memory + swap (memsw), where swap is accounted
     cpuset_key: str | None
+    memory_high_key: str | None = None  # cgroup2's soft limit, which PVE sets beside the hard one
 
     @classmethod
     def detect(cls, root: str = "/sys/fs/cgroup") -> "CgroupLayout":
         unified = Path(root) / "cgroup.controllers"
         if unified.exists():
             ctl = unified.read_text().split()
+            memory = "memory" in ctl
+            swap = memory and next(Path(root).glob("*/memory.swap.max"), None) is not None
             return cls(
                 devices_v1=False,
-                memory_key="lxc.cgroup2.memory.max" if "memory" in ctl else None,
-                swap_key="lxc.cgroup2.memory.swap.max" if "memory" in ctl else None,
+                memory_key="lxc.cgroup2.memory.max" if memory else None,
+                swap_key="lxc.cgroup2.memory.swap.max" if swap else None,
                 cpuset_key="lxc.cgroup2.cpuset.cpus" if "cpuset" in ctl else None,
+                memory_high_key="lxc.cgroup2.memory.high" if memory else None,
             )
         mem_v1 = (Path(root) / "memory").is_dir()
+        memsw = (Path(root) / "memory" / "memory.memsw.limit_in_bytes").exists()
         return cls(
             devices_v1=(Path(root) / "devices").is_dir(),
             memory_key="lxc.cgroup.memory.limit_in_bytes" if mem_v1 else None,
-            swap_key=None,  # v1 memsw needs swapaccount=1; left out
+            swap_key="lxc.cgroup.memory.memsw.limit_in_bytes" if memsw else None,
             cpuset_key="lxc.cgroup.cpuset.cpus" if (Path(root) / "cpuset").is_dir() else None,
         )
+
+    def cgroup_file(self, key: str) -> str:
+        """The controller file of an lxc.cgroup* key (what lxc-cgroup takes): memory.max, cpuset.cpus."""
+        return key.split(".", 2)[2]
 
     def device_keys(self) -> list[str]:
         """cgroup2 always (PVE's key); the v1 key too where the devices controller is v1."""
@@ -277,6 +289,7 @@ class CtSpec:
     arch: str = "amd64"
     idmap: IdMap | None = None
     memory_mib: int | None = None
+    swap_mib: int | None = None
     cores: int | None = None
     nets: list[NetSpec] = field(default_factory=list)
     devs: list[DevSpec] = field(default_factory=list)
@@ -314,6 +327,7 @@ def from_pve_config(
     features = split_props(str(config.get("features", "")), "_")
     cores = config.get("cores")
     memory = config.get("memory")
+    swap = config.get("swap", DEFAULT_SWAP_MIB)
     return CtSpec(
         name=str(vmid),
         hostname=str(config.get("hostname") or f"CT{vmid}"),
@@ -321,6 +335,7 @@ def from_pve_config(
         arch=str(config.get("arch") or "amd64"),
         idmap=idmap if _bool(str(config.get("unprivileged", 0))) else None,
         memory_mib=int(str(memory)) if memory else None,
+        swap_mib=int(str(swap)) if str(swap).strip().isdigit() else None,
         cores=int(str(cores)) if cores else None,
         nets=nets,
         devs=devices_of(config),
@@ -329,6 +344,32 @@ def from_pve_config(
         apparmor=apparmor,
         passthrough_dir=passthrough_dir,
     )
+
+
+def memory_high(memory_mib: int) -> int:
+    """PVE's soft limit beside the hard one (calculate_memory_constraints): 128 MiB below it from 16 GiB
+    up, else 1016/1024 of it."""
+    if memory_mib >= 16 * 1024:
+        return (memory_mib - 128) * MIB
+    return memory_mib * 1024 * 1016
+
+
+def cgroup_limits(spec: CtSpec, layout: CgroupLayout, ncpus: int | None = None) -> list[tuple[str, str]]:
+    """(lxc key, value) of the container's memory, swap and CPU limits, as PVE sets them at start and on
+    a running container (LXC/CGroup.pm change_memory_limit; pvestatd's cpuset for cores)."""
+    out: list[tuple[str, str]] = []
+    if spec.memory_mib and layout.memory_key:
+        out.append((layout.memory_key, str(spec.memory_mib * MIB)))
+        if layout.memory_high_key:
+            out.append((layout.memory_high_key, str(memory_high(spec.memory_mib))))
+        if spec.swap_mib is not None and layout.swap_key:
+            # cgroup2 limits swap alone; v1's memsw is memory and swap together.
+            swap = spec.swap_mib if layout.memory_high_key else spec.memory_mib + spec.swap_mib
+            out.append((layout.swap_key, str(swap * MIB)))
+    if spec.cores and layout.cpuset_key:
+        n = min(spec.cores, ncpus or os.cpu_count() or 1)
+        out.append((layout.cpuset_key, "0" if n == 1 else f"0-{n - 1}"))
+    return out
 
 
 def render(
@@ -363,11 +404,7 @@ def render(
     if spec.idmap:
         lines += spec.idmap.lines()
         lines.append("lxc.mount.auto = sys:mixed")
-    if spec.memory_mib and layout.memory_key:
-        lines.append(f"{layout.memory_key} = {spec.memory_mib * 1024 * 1024}")
-    if spec.cores and layout.cpuset_key:
-        n = min(spec.cores, ncpus or os.cpu_count() or 1)
-        lines.append(f"{layout.cpuset_key} = {'0' if n == 1 else f'0-{n - 1}'}")
+    lines += [f"{key} = {value}" for key, value in cgroup_limits(spec, layout, ncpus)]
     if not spec.nets:
         lines.append("lxc.net.0.type = empty")
     for i, net in enumerate(spec.nets):

@@ -118,6 +118,28 @@ def write_config(
     return spec
 
 
+def apply_limits(vmid: int, config: Mapping[str, object]) -> list[str]:
+    """Set the memory, swap and CPU limits of the PVE config on the RUNNING container's cgroup, as PVE
+    hotplugs them (lxc-cgroup writes the container's own cgroup files); returns what was written. The
+    LXC config is rewritten too, as PVE does on every change, for the next start."""
+    layout = lxcconf.CgroupLayout.detect()
+    spec = write_config(vmid, config)
+    todo = [(layout.cgroup_file(k), v) for k, v in lxcconf.cgroup_limits(spec, layout)]
+    done: list[str] = []
+    # cgroup v1 keeps memory <= memory+swap at every write: what one order refuses, the other takes.
+    for _ in range(2):
+        failed = []
+        for name, value in todo:
+            if run(["lxc-cgroup", "-n", str(vmid), name, value], timeout=15).ok:
+                done.append(f"{name}={value}")
+            else:
+                failed.append((name, value))
+        todo = failed
+        if not todo:
+            return done
+    raise RealCtError(f"unable to set {', '.join(n for n, _ in todo)} on the running container")
+
+
 # ------------------------------------------------------------------------ guest setup
 
 

@@ -1,9 +1,9 @@
 """`pct` for the testbed: the verbs this project uses, on the same containers as the API.
 
-config / set / create / destroy / start / stop / shutdown / reboot / status / list go through the local
-API as root@pam, so API state and real state stay one. exec / push / pull use lxc-attach directly, as
-PVE's pct does: exec clears the environment (PVE 9), passes stdin through and returns the command's
-exit code. Errors print PVE's message and exit 255, as PVE's CLI does.
+config / pending / set / resize / create / destroy / start / stop / shutdown / reboot / status / list go
+through the local API as root@pam, so API state and real state stay one. exec / push / pull use
+lxc-attach directly, as PVE's pct does: exec clears the environment (PVE 9), passes stdin through and
+returns the command's exit code. Errors print PVE's message and exit 255, as PVE's CLI does.
 
 Where no testbed runs (no testbed.json, e.g. a GPU machine without network) or with
 MLSTACK_TESTBED_PCT=direct, the non-exec verbs use the direct backend (direct.py): the same LXC
@@ -24,7 +24,9 @@ USAGE = """usage: pct <command> <vmid> [ARGS] [OPTIONS]
   pct pull <vmid> <path> <destination> [--perms MODE] [--user U] [--group G]
   pct status <vmid> [--verbose]
   pct config <vmid> [--current]
+  pct pending <vmid>
   pct set <vmid> [--<key> <value>]... [--delete <keys>]
+  pct resize <vmid> <disk> <size>
   pct create <vmid> <ostemplate> [--<key> <value>]...
   pct destroy <vmid> [--purge] [--force]
   pct start|stop|shutdown|reboot <vmid> [OPTIONS]
@@ -121,6 +123,25 @@ def cmd_config(vmid: int, opts: dict[str, str]) -> int:
             print(f"#{line}")
     for k in sorted(cfg, key=lambda k: (k.startswith("unused"), k)):
         print(f"{k}: {cfg[k]}")
+    return 0
+
+
+def cmd_pending(vmid: int) -> int:
+    from .direct import format_pending
+
+    a = Api()
+    for line in format_pending(a.call(a.lxc(vmid).pending.get)):
+        print(line)
+    return 0
+
+
+def cmd_resize(vmid: int, rest: list[str]) -> int:
+    if len(rest) < 2 or rest[0].startswith("-") or rest[1].startswith("--"):
+        die("400 not enough arguments\n" + USAGE)
+    a = Api()
+    upid = a.call(a.lxc(vmid).resize.put, disk=rest[0], size=rest[1], **parse_opts(rest[2:]))
+    if upid:
+        a.wait(upid)
     return 0
 
 
@@ -300,11 +321,15 @@ def main(argv: list[str] | None = None) -> int:
         return direct.main(verb, vmid, rest, parse_opts)
     if verb == "create":
         return cmd_create(vmid, rest)
+    if verb == "resize":
+        return cmd_resize(vmid, rest)
     opts = parse_opts(rest)
     if verb == "status":
         return cmd_status(vmid, opts)
     if verb == "config":
         return cmd_config(vmid, opts)
+    if verb == "pending":
+        return cmd_pending(vmid)
     if verb == "set":
         return cmd_set(vmid, opts)
     if verb == "destroy":

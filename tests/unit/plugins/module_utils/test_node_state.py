@@ -5,7 +5,9 @@ node's commands (pveversion, nvidia-smi, pveam) answered as the real ones answer
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -176,6 +178,8 @@ def test_the_module_through_ansible(tmp_path: Path) -> None:
         "gather": ["driver", "devices", "gpus"],
         "directories": [{"path": str(tmp_path / "cache"), "mode": "0700"}, {"path": str(tmp_path / "gone")}],
         "paths": [str(tmp_path / "cache" / "..")],
+        # Not a vmid: left out, as the inventory's own check names it; 220 does not run here.
+        "containers": ["not-a-vmid", 220],
     }
     result = run_module("mlstack.pve.node_state", args)
     assert result.get("failed") is not True, result
@@ -186,3 +190,173 @@ def test_the_module_through_ansible(tmp_path: Path) -> None:
     # This controller has no GPU: an unknown architecture, not a failure.
     assert result["gpus"] == [] and result["gpus_reason"]
     assert "pve_version" not in result
+    assert result["stale_mounts"] == []
+
+
+# A running container's bind mounts against the node's folders (the shared caches, models): a folder
+# removed or replaced on the node stays the old one inside until the container starts again.
+NODE_ID, OTHER_ID = (65024, 2154563), (65024, 2154515)
+
+
+@pytest.mark.parametrize(
+    ("root", "in_container", "on_node", "said"),
+    [
+        ("/var/lib/mlstack/cache/uv", NODE_ID, NODE_ID, None),
+        # rm -rf on the node: the container's mount is of the deleted folder, made again or not.
+        (
+            "/var/lib/mlstack/cache/uv//deleted",
+            OTHER_ID,
+            NODE_ID,
+            "was removed on the node while the container ran",
+        ),
+        (
+            "/var/lib/mlstack/cache/uv//deleted",
+            OTHER_ID,
+            None,
+            "was removed on the node while the container ran",
+        ),
+        # mv aside and a new folder in its place: both exist, the container has the old one.
+        (
+            "/var/lib/mlstack/cache/uv.old",
+            OTHER_ID,
+            NODE_ID,
+            "was replaced on the node while the container ran",
+        ),
+        ("/var/lib/mlstack/cache/uv.old", OTHER_ID, None, "is missing on the node"),
+        ("/srv/models", "Stale file handle", NODE_ID, "cannot be read in the container (Stale file handle)"),
+        # Nothing mounted there (a mount point added since the container started): nothing to compare.
+        (None, "No such file or directory", NODE_ID, None),
+    ],
+)
+def test_mount_differs(
+    root: str | None, in_container: tuple[int, int] | str, on_node: tuple[int, int] | None, said: str | None
+) -> None:
+    why = node_state.mount_differs(root, in_container, on_node)
+    assert (why is None) == (said is None) and (said is None or why.startswith(said)), why
+
+
+def test_bind_mounts_are_the_mpN_with_a_node_path_in_order() -> None:
+    config = {
+        "mp10": "/srv/models/x,mp=/models/x,ro=1",
+        "mp2": "/var/lib/mlstack/cache/triton/,mp=/var/cache/mlstack/triton",
+        "mp0": "volume=/var/lib/mlstack/cache/uv,mp=/var/cache/mlstack/uv,backup=0",
+        "mp1": "local:220/vm-220-disk-1.raw,mp=/data,size=8G",
+        "rootfs": "local:220/vm-220-disk-0.raw,size=16G",
+        "dev0": "/dev/nvidia0,gid=44,mode=0666",
+    }
+    assert node_state.bind_mounts(config) == [
+        ("/var/lib/mlstack/cache/uv", "/var/cache/mlstack/uv"),
+        ("/var/lib/mlstack/cache/triton", "/var/cache/mlstack/triton"),
+        ("/srv/models/x", "/models/x"),
+    ]
+
+
+def test_mount_roots_decode_escapes_and_the_last_mount_on_a_point_wins() -> None:
+    mountinfo = (
+        "100 90 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        "141 100 254:0 /srv/my\\040models /models ro,relatime - ext4 /dev/vda rw\n"
+        "142 100 254:0 /var/lib/mlstack/cache/uv /var/cache/mlstack/uv rw - ext4 /dev/vda rw\n"
+        "150 142 254:0 /var/lib/mlstack/cache/uv2//deleted /var/cache/mlstack/uv rw - ext4 /dev/vda rw\n"
+    )
+    assert node_state.mount_roots(mountinfo) == {
+        "/": "/",
+        "/models": "/srv/my models",
+        "/var/cache/mlstack/uv": "/var/lib/mlstack/cache/uv2//deleted",
+    }
+
+
+@pytest.mark.parametrize(
+    ("answer", "pid"),
+    [((0, "4242\n", ""), 4242), ((0, "", ""), None), ((1, "", "220 doesn't exist\n"), None)],
+    ids=["running", "stopped", "unknown"],
+)
+def test_init_pid_from_lxc_info(answer: tuple[int, str, str], pid: int | None) -> None:
+    asked: list[list[str]] = []
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        asked.append(argv)
+        return answer
+
+    assert node_state.init_pid(220, run) == pid
+    assert asked == [["lxc-info", "-n", "220", "-p", "-H"]]
+
+
+def test_the_config_is_pves_file_else_pct_config_current(tmp_path: Path) -> None:
+    (tmp_path / "220.conf").write_text("mp0: /a,mp=/b\n\n[pve:pending]\nmp0: /c,mp=/b\n")
+    asked: list[list[str]] = []
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        asked.append(argv)
+        return (0, "mp0: /d,mp=/b\n", "") if argv[2] == "221" else (255, "", "does not exist")
+
+    assert node_state.container_config(220, run, str(tmp_path)) == {"mp0": "/a,mp=/b"}
+    assert node_state.container_config(221, run, str(tmp_path)) == {"mp0": "/d,mp=/b"}
+    assert node_state.container_config(222, run, str(tmp_path)) == {}
+    assert asked == [
+        ["/usr/sbin/pct", "config", "221", "--current"],
+        ["/usr/sbin/pct", "config", "222", "--current"],
+    ]
+
+
+@pytest.fixture
+def bound(tmp_path: Path) -> Iterator[tuple[int, Path, Path]]:
+    """A process in a mount namespace of its own with tmp/node bind-mounted at tmp/ct, as a container's
+    init has the node's folder (needs root and unshare)."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare for a mount namespace")
+    node, ct = tmp_path / "node", tmp_path / "ct"
+    node.mkdir()
+    ct.mkdir()
+    proc = subprocess.Popen(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            f"mount --bind {node} {ct} && echo up && exec sleep 120",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    yield proc.pid, node, ct
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ("", None),
+        ("rm -rf {node}", "was removed on the node"),
+        ("rm -rf {node} && mkdir {node}", "was removed on the node"),
+        ("mv {node} {node}.old && mkdir {node}", "was replaced on the node"),
+    ],
+    ids=["intact", "removed", "removed-and-made-again", "moved-aside-and-made-again"],
+)
+def test_stale_mounts_of_a_real_mount(
+    bound: tuple[int, Path, Path], tmp_path: Path, change: str, said: str | None
+) -> None:
+    pid, node, ct = bound
+    (tmp_path / "220.conf").write_text(
+        f"hostname: t-220\nmp0: {node},mp={ct}\nmp1: /nowhere,mp=/not-mounted\n"
+    )
+    if change:
+        subprocess.run(["sh", "-c", change.format(node=node)], check=True)
+    lxc_info = commands({"lxc-info": (0, f"{pid}\n", "")})
+    found = node_state.stale_mounts([220], lxc_info, config_dir=str(tmp_path))
+    if said is None:
+        assert found == []
+    else:
+        assert [(f["vmid"], f["folder"], f["mount_point"]) for f in found] == [(220, str(node), str(ct))]
+        assert found[0]["why"].startswith(said), found
+        assert found[0]["summary"] == f"CT 220: {node}, bound at {ct}, {found[0]['why']}"
+
+
+def test_stopped_containers_are_not_read() -> None:
+    stopped = commands({"lxc-info": (0, "", "")})
+    assert node_state.read_node(stopped, gather=[], containers=[220])["stale_mounts"] == []
+    assert "stale_mounts" not in node_state.read_node(stopped, gather=[])

@@ -60,3 +60,60 @@ def test_set_command_is_argv_with_one_delete_list() -> None:
         "--delete",
         "mp1,mp0",
     ]
+
+
+PENDING = """cur cores: 2
+cur description: Managed by mlstack.pve%3A profile x
+cur dev0: /dev/nvidia0,gid=44,mode=0666
+new dev0: /dev/nvidia1,gid=44,mode=0666
+del dev1: /dev/nvidiactl,gid=44,mode=0666
+new mp2: /srv/models,mp=/models,ro=1
+"""
+
+
+def test_parse_pending_gives_the_config_in_effect_and_the_next_starts() -> None:
+    current, view = pct.parse_pending(PENDING)
+    assert current == {
+        "cores": "2",
+        "description": "Managed by mlstack.pve: profile x",
+        "dev0": "/dev/nvidia0,gid=44,mode=0666",
+        "dev1": "/dev/nvidiactl,gid=44,mode=0666",
+    }
+    assert view == {
+        "cores": "2",
+        "description": "Managed by mlstack.pve: profile x",
+        "dev0": "/dev/nvidia1,gid=44,mode=0666",
+        "mp2": "/srv/models,mp=/models,ro=1",
+    }
+
+
+def test_the_testbeds_pct_pending_reads_back_as_it_was_written() -> None:
+    """The testbed's `pct pending` prints PVE's format; the module's parser reads it back."""
+    from mlstack_testbed.node.direct import format_pending
+
+    items = [
+        {"key": "cores", "value": 2},
+        {"key": "description", "value": "Managed by mlstack.pve: profile x"},
+        {"key": "dev0", "value": "/dev/nvidia0,gid=44,mode=0666", "pending": "/dev/nvidia1,gid=44,mode=0666"},
+        {"key": "dev1", "value": "/dev/nvidiactl,gid=44,mode=0666", "delete": 1},
+        {"key": "mp2", "pending": "/srv/models,mp=/models,ro=1"},
+        {"key": "digest", "value": "abc"},
+    ]
+    assert "\n".join(format_pending(items)) + "\n" == PENDING
+
+
+@pytest.mark.parametrize(
+    ("settings", "refused"),
+    [
+        ({"tags": "day-two;mlstack", "description": "Managed by mlstack.pve: profile x"}, False),
+        ({"net0": "name=eth0,bridge=vmbr0"}, False),
+        ({"hostname": "a;reboot"}, True),
+        ({"description": "two\nlines"}, True),
+        ({"tags": "a b"}, True),
+        ({"rootfs": "local:8"}, True),
+    ],
+)
+def test_pct_config_passes_on_only_what_pve_formats_allow(settings: dict[str, str], refused: bool) -> None:
+    from ansible_collections.mlstack.pve.plugins.modules.pct_config import refused_values
+
+    assert bool(refused_values({"dev0": "/dev/nvidia0,gid=44,mode=0666"}, settings)) is refused

@@ -42,10 +42,19 @@ def read_report(path: str) -> tuple[dict[str, Any] | None, str | None]:
     return report, None
 
 
+def root_causes(report: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A doctor report's root causes, one per independent failure: summary.root_causes, or the one
+    summary.root_cause of a 1.0 report; [] where nothing failed (or no report)."""
+    summary = (report or {}).get("summary") or {}
+    causes = summary.get("root_causes") or ([summary["root_cause"]] if summary.get("root_cause") else [])
+    return [c for c in causes if isinstance(c, dict)]
+
+
 def run_and_read(argv: list[str], report_path: str, run: Runner, read_on: tuple[int, ...]) -> dict[str, Any]:
     """rc, stdout and stderr as ansible.builtin.command returns them (one trailing newline dropped,
     stdout_lines), `missing` where the command cannot be started, and `report` (the parsed file) read
-    when the command exited with one of `read_on` - else None, with `report_error` saying why."""
+    when the command exited with one of `read_on` - else None, with `report_error` saying why; the
+    report's `root_causes` (a doctor report's, [] for anything else)."""
     why = missing_command(argv)
     if why:
         return {
@@ -56,6 +65,7 @@ def run_and_read(argv: list[str], report_path: str, run: Runner, read_on: tuple[
             "missing": why,
             "report": None,
             "report_error": f"not run: {why}",
+            "root_causes": [],
         }
     rc, out, err = run(argv)
     out, err = out.rstrip("\r\n"), err.rstrip("\r\n")
@@ -71,4 +81,5 @@ def run_and_read(argv: list[str], report_path: str, run: Runner, read_on: tuple[
         result["report"], result["report_error"] = read_report(report_path)
     else:
         result["report"], result["report_error"] = None, f"not read: the command exited {rc}"
+    result["root_causes"] = root_causes(result["report"])
     return result

@@ -71,6 +71,13 @@ report_error:
   description: Why RV(report) is V(null), or V(null).
   type: str
   returned: always
+root_causes:
+  description:
+    - A doctor report's root causes, one per independent failure (each with C(probe), C(code) and C(fix)):
+      C(summary.root_causes), or the single C(summary.root_cause) of a 1.0 report; V([]) when none.
+  type: list
+  elements: dict
+  returned: always
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -114,6 +114,10 @@ def test_doctor_failure_keeps_the_old_venv(runner: Any) -> None:
     assert "NO_C_COMPILER" in result.output
     assert active_venv() == before
     assert active_triton() == "3.6.0"
+    # The container's doctor settings still name its active venv, not the refused candidate.
+    settings = json.loads(inside("cat /etc/mlstack/doctor.json").stdout)
+    assert settings["venv"] == "/opt/mlstack/venv", settings
+    assert settings["lock"] == "/opt/mlstack/venv/uv.lock", settings
 
 
 def test_upgrade_switches_when_the_doctor_passes(runner: Any) -> None:

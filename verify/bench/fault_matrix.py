@@ -46,6 +46,9 @@ class Outcome:
     seconds: float
     rc: int | None
     detail: str = ""
+    # what the report said, kept small: each root cause (with its consequences) and each probe's verdict
+    causes: list[dict[str, Any]] | None = None
+    probes: list[dict[str, Any]] | None = None
 
 
 def expected_text(row: Row) -> str:
@@ -189,6 +192,8 @@ class Matrix:
         cmd += ["env", *[f"--unset={u}" for u in row.unset]]
         for key, value in env.items():
             value = value.replace("{W}", str(w)).replace("{PYTHONPATH_WITHOUT_FLA}", self._without_fla())
+            value = value.replace("{PYTHONPATH}", self._pythonpath())
+            value = value.replace("{LD_LIBRARY_PATH}", os.environ.get("LD_LIBRARY_PATH", ""))
             cmd.append(f"{key}={value}")
         cmd += [self.python, "-m", "mlstack_doctor", *args]
         lines.append("exec " + " ".join(_quote(c) for c in cmd) + f' > "{w}/doctor.out" 2>&1')
@@ -211,6 +216,9 @@ class Matrix:
         os.chmod(w, 0o755)
         env = dict(os.environ, PYTHONPATH=self._pythonpath(), W=str(w), PY=self.python, SRC=str(self.src))
         env.setdefault("TRITON_CACHE_DIR", str(w / "cache"))
+        env.setdefault(
+            "TORCHINDUCTOR_CACHE_DIR", str(w / "inductor")
+        )  # not the machine's /tmp/torchinductor_*
         if row.user is not None:
             env["TRITON_CACHE_DIR"] = str(w / "home" / "cache")
         script = self.script(row, w)
@@ -242,7 +250,42 @@ class Matrix:
             return base
         report = json.loads(report_file.read_text())
         base.got, base.ok, base.detail = judge(row, report, str(w))
+        base.causes, base.probes = digest(report)
         return base
+
+
+def digest(report: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The report's root causes and probe verdicts, cut to what a reader of the matrix needs."""
+    cut = {"summary": 400, "fix": 400}
+    found = [
+        {k: (str(v)[: cut[k]] if k in cut and v else v) for k, v in c.items() if k != "stage"}
+        for c in causes(report)
+    ]
+    probes = []
+    for p in report.get("probes") or []:
+        if p.get("status") == "skip" and not p.get("skipped_by"):
+            continue
+        ev = p.get("evidence") or {}
+        row = {
+            "name": p.get("name"),
+            "status": p.get("status"),
+            "code": p.get("code"),
+            "summary": str(p.get("summary") or "")[:300],
+        }
+        for key in (
+            "exception",
+            "signal",
+            "stderr_last_lines",
+            "classified_from",
+            "reduced_env_rerun",
+            "libcuda",
+        ):
+            if ev.get(key):
+                row[key] = ev[key] if key != "exception" else str(ev[key])[-600:]
+        if p.get("status") in ("fail", "warn") and ev.get("stderr_tail"):
+            row["stderr_tail"] = str(ev["stderr_tail"])[-800:]
+        probes.append(row)
+    return found, probes
 
 
 def setpriv(uid: int) -> list[str]:

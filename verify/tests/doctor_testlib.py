@@ -52,6 +52,8 @@ def doctor_env(extra: dict[str, str] | None = None, unset: tuple[str, ...] = ())
     # The doctor's source first; keep what the caller had (a GPU machine's FLA installed with --target).
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)
     env.setdefault("TRITON_CACHE_DIR", "/tmp/mlstack-doctor-test-triton-cache")
+    # A provisioned container's doctor settings would set the defaults the tests choose themselves.
+    env.setdefault("MLSTACK_DOCTOR_SETTINGS", "")
     env.update(extra or {})
     return env
 
@@ -88,6 +90,19 @@ def write_lock(path: Path, versions: dict[str, str]) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "uv.lock").write_text("\n".join(body))
     return path / "uv.lock"
+
+
+def fake_site(root: Path, stack: dict[str, tuple[str, list[str]]]) -> Path:
+    """A site folder holding only dist-info metadata: distribution -> (version, Requires-Dist lines).
+    The doctor's fast tier reads versions and pins from metadata and imports none of them."""
+    site = root / "site"
+    for dist, (version, requires) in stack.items():
+        info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        lines = ["Metadata-Version: 2.1", f"Name: {dist}", f"Version: {version}"]
+        lines += [f"Requires-Dist: {r}" for r in requires]
+        (info / "METADATA").write_text("\n".join(lines) + "\n")
+    return site
 
 
 def gpu_nodes_state() -> str:

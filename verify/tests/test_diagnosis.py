@@ -90,6 +90,15 @@ def test_every_code_has_a_one_line_fix(code: str) -> None:
         size="2G",
         nodes="0,1",
         link="NV18 (NVLink, 18 bonded links)",
+        limit="8192 MiB",
+        need="16384 MiB",
+        flag="-l",
+        uid="4242",
+        var="PYTORCH_CUDA_ALLOC_CONF",
+        why="'garbage' is not key:value",
+        where="the environment",
+        folders="/c/ABC",
+        cause="the address space is limited to 8192 MiB",
     )
     assert (
         fix

@@ -52,7 +52,12 @@ def run_fast(
 ) -> tuple[int, dict, Path, float]:
     marker = tmp_path / "imported.txt"
     site = trap_site(tmp_path, marker, stack)
-    env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{SRC}", TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{site}{os.pathsep}{SRC}",
+        TRITON_CACHE_DIR=str(tmp_path / "cache"),
+        MLSTACK_DOCTOR_SETTINGS="",
+    )
     out = tmp_path / "report.json"
     t0 = time.perf_counter()
     proc = subprocess.run(
@@ -88,7 +93,8 @@ def test_fast_tier_never_imports_the_stack_and_reads_metadata(tmp_path: Path) ->
 
 
 def test_fast_tier_sees_an_undeclared_pin_override_from_metadata(tmp_path: Path) -> None:
-    stack = dict(STACK, triton=("3.7.1", []))
+    # transformers 5.16: a stack no shipped profile holds (torch211-triton37 declares triton 3.7.1).
+    stack = dict(STACK, triton=("3.7.1", []), transformers=("5.16.0", []))
     _, report, marker, _ = run_fast(tmp_path, stack, "--no-gpu")
     assert not marker.exists(), f"imported: {marker.read_text()}"
     pin = by_name(report)["torch_triton_pin"]

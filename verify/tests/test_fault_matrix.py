@@ -28,6 +28,18 @@ CPU_ROWS = (
     "no_cc,no_python_h,cache_ro,cache_root_owned,home_ro_cache_unset,model_shard_missing,two_failures,"
     "in_container_lxc"
 )
+# The process environment and the kernel caches, injected for real: limits (prlimit), identities
+# (setpriv to a uid without a passwd entry), settings torch reads at start, start-up hooks (a
+# sitecustomize on PYTHONPATH, a .pth in an overlay over site-packages), caches corrupted on disk.
+PROCESS_ROWS = (
+    "as_limit,nproc_low,nofile_low,uid_unknown,uid_unknown_user_set,home_unwritable,alloc_conf_bad_value,"
+    "alloc_conf_unparsable,omp_threads_not_number,ld_preload_missing,libcuda_stub_named,"
+    "sitecustomize_alloc_conf,sitecustomize_named,pth_hook_bad_path"
+)
+CACHE_ROWS = (
+    "cache_cubin_empty,cache_cubin_truncated,cache_binary_missing,cache_metadata_truncated,"
+    "inductor_cache_truncated,cache_repair"
+)
 
 
 @needs_root
@@ -56,6 +68,37 @@ def test_cpu_rows_match_for_real(tmp_path: Path) -> None:
     assert rows["two_failures"]["got"] == "c_compiler:NO_C_COMPILER, model_config:MODEL_WEIGHTS_INCOMPLETE"
     # The injection stayed in its namespace: this process still sees its own include dir and /run.
     assert not Path("/run/systemd/container").exists() or rows["in_container_lxc"]["ok"]
+
+
+def _run_rows(tmp_path: Path, names: str) -> tuple[dict[str, dict], subprocess.CompletedProcess]:
+    out = tmp_path / "matrix.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "fault_matrix.py"),
+            "--cpu",
+            "--jobs",
+            "2",
+            "--only",
+            names,
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    return {r["name"]: r for r in json.loads(out.read_text())}, proc
+
+
+@needs_root
+@pytest.mark.parametrize("names", [PROCESS_ROWS, CACHE_ROWS], ids=["process_env", "kernel_caches"])
+def test_process_and_cache_rows_match_for_real(tmp_path: Path, names: str) -> None:
+    rows, proc = _run_rows(tmp_path, names)
+    assert set(rows) == set(names.split(","))
+    bad = {n: (r["got"], r["detail"]) for n, r in rows.items() if not r["ok"]}
+    assert not bad, proc.stdout[-3000:]
+    assert proc.returncode == 0
 
 
 @needs_root

@@ -363,9 +363,26 @@ def test_the_real_reader_through_lxc_attach(tmp_path: Path, capsys: pytest.Captu
     assert took < 1.5 + 3, "the containers are read at once, a hung one costs its timeout only"
 
 
+# The doctor role's wheel build (its `uv build` task), whose environment a wheel built here shares.
+DOCTOR_BUILD_TASKS = VERIFY.parent / "roles" / "doctor" / "tasks" / "build.yml"
+
+
+def doctor_build_env() -> dict[str, str]:
+    """The environment roles/doctor gives `uv build` on the controller (the task's `environment:`, read
+    from the role: defined there only), e.g. the system's CA store for TLS-intercepting proxies."""
+    import yaml  # the controller venv's; only this test needs it
+
+    tasks = yaml.safe_load(DOCTOR_BUILD_TASKS.read_text())
+    builds = [t for t in tasks if "--wheel" in (t.get("ansible.builtin.command") or {}).get("argv", [])]
+    assert len(builds) == 1, f"{DOCTOR_BUILD_TASKS}: one `uv build --wheel` task, found {len(builds)}"
+    env = {str(k): str(v) for k, v in (builds[0].get("environment") or {}).items()}
+    assert not [v for v in env.values() if "{{" in v], f"templated values cannot be read here: {env}"
+    return env
+
+
 def _wheel(tmp_path: Path) -> Path:
-    """The doctor's wheel, built as roles/doctor builds it (uv build), from a copy of verify/: the build
-    leaves nothing in the checkout."""
+    """The doctor's wheel, built as roles/doctor builds it (uv build, the role's environment), from a copy
+    of verify/: the build leaves nothing in the checkout."""
     uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
     if not os.access(uv, os.X_OK):
         pytest.skip("uv not installed")
@@ -378,6 +395,7 @@ def _wheel(tmp_path: Path) -> Path:
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, **doctor_build_env()},
     )
     assert r.returncode == 0, r.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("mlstack_doctor-*.whl")

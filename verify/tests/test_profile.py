@@ -47,7 +47,10 @@ def test_load_directory_and_default(tmp_path: Path) -> None:
     (tmp_path / "uv.lock").write_text(LOCK_WITH_OVERRIDE)
     p = prof.load(str(tmp_path))
     assert p.expect == {"torch": "2.11.0+cu130", "triton": "3.7.0", "flash-linear-attention": "0.5.1"}
-    assert prof.load("default").expect["torch"] == "2.11.*"
+    # `default` is the stack policy's default profile, as shipped (no built-in pins of its own).
+    default = prof.load("default")
+    assert default.name == "torch211-triton37-fla06"
+    assert default.expect["triton"] == "3.7.1" and default.expect["flash-linear-attention"] == "0.6.0"
 
 
 @pytest.mark.parametrize("spec", ["/nonexistent", "not-a-builtin"])
@@ -89,3 +92,78 @@ def test_matches(installed: str, spec: str, ok: bool) -> None:
 )
 def test_pin_of(req: str, pin: tuple[str, str] | None) -> None:
     assert prof.pin_of(req) == pin
+
+
+SHIPPED = sorted(prof.shipped())
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_doctor_carries_the_shipped_profiles_and_policy_as_they_are() -> None:
+    """shipped_profiles.json is profiles/ as the doctor needs it; a changed lock or rule without it fails
+    here (python -m mlstack_doctor.profile write-shipped profiles writes it again)."""
+    yaml = pytest.importorskip("yaml")
+    policy = yaml.safe_load((ROOT / "profiles" / "policy.yml").read_text())
+    want = prof.shipped_from(ROOT / "profiles", policy)
+    assert prof.shipped_data() == want, "run: python -m mlstack_doctor.profile write-shipped profiles"
+    assert SHIPPED == sorted(p.parent.name for p in (ROOT / "profiles").glob("*/uv.lock"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_shipped_profile_loads_by_name_and_its_stack_matches_it_alone(name: str) -> None:
+    p = prof.load(name)
+    assert p.name == name and p.pinned and set(p.expect) == set(prof.STACK)
+    installed = {d: v + ("+cu130" if d == "torch" else "") for d, v in p.expect.items()}
+    assert prof.matching_shipped(installed) == [name]
+
+
+def test_no_profile_pins_nothing_but_needs_the_stack() -> None:
+    p = prof.load(None)
+    assert not p.pinned and set(p.expect) == set(prof.STACK)
+    assert all(prof.matches("0.0.1", spec) for spec in p.expect.values())
+
+
+@pytest.mark.parametrize(
+    "installed",
+    [
+        {"torch": "2.11.0", "triton": "3.7.1", "flash-linear-attention": "0.6.0", "fla-core": "0.6.0"},
+        {
+            "torch": "2.13.0",
+            "triton": "3.7.1",
+            "flash-linear-attention": "0.6.0",
+            "fla-core": "0.6.0",
+            "transformers": "5.17.0",
+        },
+    ],
+    ids=["transformers missing", "another torch"],
+)
+def test_a_stack_matches_no_shipped_profile_unless_every_version_is_its(installed: dict[str, str]) -> None:
+    assert prof.matching_shipped(dict(installed)) == []
+
+
+@pytest.mark.parametrize(
+    "fla,core,requires,unpaired",
+    [
+        ("0.6.0", "0.6.0", ["fla-core==0.6.0", "einops"], None),
+        ("0.6.0", "0.5.1", ["fla-core==0.6.0"], "fla-core==0.6.0"),
+        ("0.6.0", None, ["fla-core==0.6.0"], "fla-core==0.6.0"),
+        ("0.4.0", "0.5.1", ["einops"], None),  # before fla-core was split out: nothing to pair
+        (None, "0.5.1", [], None),
+    ],
+)
+def test_fla_pairs_with_the_fla_core_it_pins(
+    fla: str | None, core: str | None, requires: list[str], unpaired: str | None
+) -> None:
+    found = prof.unpaired_fla({"flash-linear-attention": fla, "fla-core": core}, requires)
+    assert (found or {}).get("pins") == unpaired
+
+
+def test_an_override_is_declared_by_the_profile_checked_or_the_shipped_profile_matched() -> None:
+    assert prof.declared_override(None, [], "triton", "3.7.1") is None
+    assert prof.declared_override(prof.unpinned(), ["torch211-triton37-fla06"], "triton", "3.7.1").name == (
+        "torch211-triton37-fla06"
+    )
+    # A profile that pins another triton declares nothing, whatever the stack matches.
+    assert (
+        prof.declared_override(prof.load("torch211-triton36"), ["torch211-triton37"], "triton", "3.7.1")
+        is None
+    )

@@ -188,3 +188,44 @@ def test_the_command_prints_what_changed_and_exits_2_on_a_bad_spec(tmp_path: Pat
     r = subprocess.run(remove, capture_output=True, text=True, env=env, check=False)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"changed": False, "actions": []}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "argv"),
+    [
+        # The container's doctor settings hold the rest: the timers restate nothing.
+        ({}, "--tier fast --quiet --output {m}/doctor-fast.json --metrics {m}/doctor.prom"),
+        (
+            {"model": "27b", "purpose": "inference", "expect_gpu": False},
+            "--tier fast --quiet --output {m}/doctor-fast.json --metrics {m}/doctor.prom --model 27b "
+            "--purpose inference --no-gpu",
+        ),
+    ],
+    ids=["from the settings", "overridden"],
+)
+def test_a_scheduled_run_is_the_doctor_command_every_caller_runs(
+    tmp_path: Path, overrides: dict[str, Any], argv: str
+) -> None:
+    venv = tmp_path / "venvs" / "p-1"
+    (venv / "bin").mkdir(parents=True)
+    doctor = venv / "bin" / "mlstack-doctor"
+    doctor.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "argv"}\n')
+    doctor.chmod(0o755)
+    (tmp_path / "venv").symlink_to(venv)
+    raw = raw_spec(tmp_path)
+    raw["settings"] = {"venv": str(tmp_path / "venv"), **overrides}
+    script = tmp_path / "monitor"
+    script.write_text(schedule.render_script(schedule.parse_spec(raw)))
+    r = subprocess.run(["sh", str(script), "fast", "30"], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "argv").read_text().strip() == argv.format(m=tmp_path / "metrics")
+
+
+def test_a_schedule_names_its_venv_and_a_known_purpose(tmp_path: Path) -> None:
+    raw = raw_spec(tmp_path)
+    raw["settings"]["purpose"] = "gaming"
+    with pytest.raises(ValueError, match="purpose must be one of training, inference"):
+        schedule.parse_spec(raw)
+    raw["settings"] = {"model": "tiny"}
+    with pytest.raises(ValueError, match=r"settings\.venv is required"):
+        schedule.parse_spec(raw)

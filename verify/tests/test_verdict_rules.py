@@ -299,7 +299,7 @@ def test_real_run_lists_every_independent_root_cause(tmp_path: Path) -> None:
     run = doctor(*argv, env=env)
     roots = run.report["summary"]["root_causes"]
     assert [r["code"] for r in roots] == ["TMPDIR_UNUSABLE", "MODEL_PATH_MISSING"]
-    assert run.report["schema_version"] == "1.2"
+    assert run.report["schema_version"] == "1.3"
     table = subprocess.run(
         [sys.executable, "-m", "mlstack_doctor", *argv], capture_output=True, text=True, env=env, timeout=120
     ).stdout

@@ -41,6 +41,7 @@ def _play(tmp_path: Path, report: Path, rc: int, **extra: object) -> tuple[subpr
         "triton_warm_venv": str(venv),
         "triton_warm_report_path": str(tmp_path / "out" / "warm.json"),
         "triton_warm_triton_cache_root": str(tmp_path / "cache"),
+        "doctor_controller_report_dir": str(tmp_path / "reports"),
         "ansible_python_interpreter": sys.executable,
         **extra,
     }

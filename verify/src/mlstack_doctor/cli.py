@@ -8,7 +8,7 @@ import sys
 import traceback
 from dataclasses import replace
 
-from mlstack_doctor import __version__, engine, metrics, profile, render, reuse
+from mlstack_doctor import __version__, engine, metrics, profile, render, reuse, settings
 from mlstack_doctor.context import Context, Options
 from mlstack_doctor.engine import Probe
 from mlstack_doctor.files import write_atomic
@@ -20,7 +20,16 @@ EPILOG = """\
 exit codes:
   0  every probe passed (warnings allowed)
   1  a probe failed: the report names the root cause (summary.root_cause) and its fix
-  2  the doctor itself could not run (bad arguments, unreadable --profile, internal error)
+  2  the doctor itself could not run (bad arguments, unreadable --profile or settings file, internal
+     error)
+
+defaults:
+  In a provisioned container the doctor role writes /etc/mlstack/doctor.json (MLSTACK_DOCTOR_SETTINGS
+  names another file; empty: none): --profile (the lock the venv was built from), --model, --purpose,
+  --no-gpu and --triton-cache-root default to it; flags given still win. Elsewhere, without --profile,
+  no pins are checked: only combinations known not to work (FLA against its fla-core, torch's triton
+  pin, the stack policy's rules for the GPUs seen), and the report names the shipped profile the stack
+  matches (package_versions: matches_shipped).
 
 tiers:
   fast    host (device nodes, driver through NVML, CUDA_VISIBLE_DEVICES), toolchain, Triton cache,
@@ -58,14 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--tier", choices=engine.TIERS, default="quick")
-    p.add_argument("--model", default=None, help="tiny | 27b | PATH (default: tiny)")
+    p.add_argument(
+        "--model", default=None, help="tiny | 27b | PATH (default: the settings' model, else tiny)"
+    )
     gpu = p.add_mutually_exclusive_group()
     gpu.add_argument(
         "--expect-gpu",
         dest="expect_gpu",
         action="store_true",
-        default=True,
-        help="a GPU must be usable (default)",
+        default=None,
+        help="a GPU must be usable (default, unless the settings say expect_gpu: false)",
     )
     gpu.add_argument(
         "--no-gpu",
@@ -75,15 +86,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--profile",
-        default="default",
-        help="expected versions: 'default' or a uv.lock / a directory holding one",
+        default=None,
+        metavar="NAME|default|LOCK|DIR",
+        help="expected versions: a shipped profile's name, 'default' (the stack policy's default "
+        f"profile; shipped: {', '.join(sorted(profile.shipped()))}), or a uv.lock / a directory holding "
+        "one (default: the settings' lock, else no pins of ours)",
     )
     p.add_argument(
         "--purpose",
-        choices=("training", "inference"),
-        default="training",
-        help="what the stack is for: training (default; a backward FLA refuses fails) or inference "
-        "(forward only; a refused backward is a warning)",
+        choices=settings.PURPOSES,
+        default=None,
+        help=f"what the stack is for: training (a backward FLA refuses fails) or inference (forward only; "
+        f"a refused backward is a warning); default: the settings' purpose, else {settings.DEFAULT_PURPOSE}",
     )
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout (no table)")
     p.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")
@@ -122,9 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--triton-cache-root",
         metavar="DIR",
         help="set TRITON_CACHE_DIR to DIR/<name of the venv this doctor runs in, links resolved>: the cache "
-        "of the active venv, as provisioning lays it out",
+        "of the active venv, as provisioning lays it out (default: the settings' triton_cache_root)",
     )
     p.add_argument("--rewarm", action="store_true", help="warm tier: warm even when the cache key is warm")
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="move kernel-cache entries that cannot be loaded aside, inside the cache "
+        "(<cache>/mlstack-quarantine/<time>/); nothing is deleted",
+    )
     p.add_argument(
         "--tokens", type=int, default=2048, help="full tier: tokens in the timed forward (default 2048)"
     )
@@ -217,11 +237,29 @@ def _done(quiet: bool):
     return show
 
 
+def with_defaults(args: argparse.Namespace, found: settings.Settings | None) -> argparse.Namespace:
+    """`args` with what was not given taken from the settings file, then from the doctor's own defaults."""
+    s = found or settings.Settings(source="")
+    return argparse.Namespace(
+        **{
+            **vars(args),
+            # No settings file, no --profile: no pins of ours (a venv's own uv.lock is not read then).
+            "profile": args.profile if args.profile is not None else found.lock_for() if found else None,
+            "model": args.model if args.model is not None else s.model,
+            "purpose": args.purpose or s.purpose or settings.DEFAULT_PURPOSE,
+            "expect_gpu": args.expect_gpu if args.expect_gpu is not None else s.expect_gpu is not False,
+            "triton_cache_root": args.triton_cache_root or s.triton_cache_root,
+            "settings": s.source or None,
+        }
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parsed = build_parser().parse_args(argv)
     try:
+        args = with_defaults(parsed, settings.load())
         prof = profile.load(args.profile)
-    except profile.ProfileError as exc:
+    except (settings.SettingsError, profile.ProfileError) as exc:
         sys.stderr.write(f"mlstack-doctor: cannot run: {exc}\n")
         return EXIT_CANNOT_RUN
     if args.threads < 1 or args.tokens < 1 or args.batch_size < 1:
@@ -261,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         nccl_backend=args.nccl_backend,
         nccl_ranks=args.nccl_ranks,
         nccl_timeout=args.nccl_timeout,
+        repair=args.repair,
     )
     options = {
         "tier": args.tier,
@@ -279,7 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         "nccl_backend": args.nccl_backend,
         "nccl_ranks": args.nccl_ranks,
         "nccl_timeout": args.nccl_timeout,
+        "repair": args.repair,
         "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
+        "settings": args.settings,
     }
     started = render.now()
     try:

@@ -9,6 +9,7 @@ from typing import Any
 from mlstack_doctor.profile import Profile
 from mlstack_doctor.record import Result
 from mlstack_doctor.runner import Background, Session
+from mlstack_doctor.settings import DEFAULT_PURPOSE
 
 
 @dataclass
@@ -27,10 +28,11 @@ class Options:
     timeout_scale: float = 1.0
     measure_peak: bool = True
     only: list[str] | None = None
-    purpose: str = "training"  # training: a refused backward fails; inference: it only warns
+    purpose: str = DEFAULT_PURPOSE  # training: a refused backward fails; inference: it only warns
     nccl_backend: str = "auto"  # nccl tier: auto (nccl, gloo under --no-gpu), nccl or gloo
     nccl_ranks: int | None = None  # gloo: processes (default 2); nccl: at most this many GPUs (default all)
     nccl_timeout: float = 60.0  # seconds each collective (and joining the group) may take
+    repair: bool = False  # kernel_caches moves unloadable cache entries aside (inside the cache)
 
 
 @dataclass

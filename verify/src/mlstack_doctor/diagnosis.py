@@ -138,6 +138,16 @@ CODES: dict[str, Code] = {
         "the installed triton is not the one torch pins, and the profile does not declare that override",
         "{python} -m pip install '{torch_pin}' (or declare the override in the profile's uv.lock)",
     ),
+    "FLA_CORE_UNPAIRED": Code(
+        "flash-linear-attention is installed beside a fla-core other than the one it pins: its layers and "
+        "its kernels (fla-core) come from different releases",
+        "{python} -m pip install {pins} (the fla-core this flash-linear-attention pins)",
+    ),
+    "STACK_POLICY_RULE": Code(
+        "a rule of the stack policy (profiles/policy.yml) says these versions fail or misbehave on this GPU",
+        "use a stack the policy allows on this GPU (evidence.policy.rules: each rule, why, and the fix on "
+        "record; provision.yml chooses one for the node's GPUs)",
+    ),
     "CAUSAL_CONV1D_MISSING": Code(
         "causal-conv1d is missing: transformers falls back to a slower torch convolution (speed only)",
         "{python} -m pip install causal-conv1d --no-build-isolation (optional)",
@@ -306,6 +316,93 @@ CODES: dict[str, Code] = {
         "torch.distributed failed in a rank (see evidence.errors, per rank)",
         "read evidence.errors; rerun with NCCL_DEBUG=INFO for NCCL's own account",
     ),
+    # the process environment (process_env; the classifier names the same codes from runtime errors)
+    "ADDRESS_SPACE_LIMIT": Code(
+        "the address-space limit (RLIMIT_AS, ulimit -v) is below what CUDA or torch reserve at start: "
+        "cudaGetDeviceCount fails with 'Error 2: out of memory' on an idle GPU",
+        "raise the limit where the job starts (ulimit -v unlimited; systemd LimitAS=infinity; "
+        "limits.conf 'as'): it is {limit} here, more than {need} is needed",
+    ),
+    "THREAD_LIMIT": Code(
+        "the process/thread limit (RLIMIT_NPROC, ulimit -u) leaves too few threads for this user: "
+        "'libgomp: Thread creation failed', OpenBLAS pthread_create, 'can't start new thread'",
+        "raise ulimit -u (systemd TasksMax/LimitNPROC, limits.conf 'nproc') above {need} (it is {limit}), "
+        "or export OMP_NUM_THREADS=4 OPENBLAS_NUM_THREADS=4 to start fewer",
+    ),
+    "OPEN_FILES_LIMIT": Code(
+        "the open-files limit (RLIMIT_NOFILE, ulimit -n) is too low for CUDA, NCCL and inductor (EMFILE)",
+        "ulimit -n 65536 where the job starts (systemd LimitNOFILE=65536; limits.conf 'nofile'); "
+        "it is {limit}",
+    ),
+    "RESOURCE_LIMIT_LOW": Code(
+        "a resource limit is lower than the stack uses (locked memory for NCCL over InfiniBand, stack size)",
+        "raise it where the job starts: ulimit {flag} unlimited (or the systemd/limits.conf equivalent)",
+    ),
+    "USER_UNKNOWN": Code(
+        "this uid (or gid) has no passwd (group) entry: getpass.getuser() and pwd look-ups raise "
+        "KeyError 'getpwuid(): uid not found', inside torch.compile, Triton and hub downloads",
+        "give uid {uid} a passwd entry (useradd -u {uid} ..., or an /etc/passwd line in the image; "
+        "in Kubernetes: runAsUser with a matching user), or at least export USER and HOME (a writable "
+        "folder) for getpass and ~",
+    ),
+    "HOME_UNUSABLE": Code(
+        "HOME is unset, missing or unwritable: caches that default under ~ cannot be written",
+        "export HOME to a writable folder (or set TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, HF_HOME to one)",
+    ),
+    "CUDA_DRIVER_STUB": Code(
+        "the CUDA toolkit's link-time stub libcuda is loaded instead of the driver's "
+        "('Error 34: CUDA driver is a stub library')",
+        "remove {dir} from LD_LIBRARY_PATH (stubs are for linking only; the driver's libcuda.so.1 must win)",
+    ),
+    "ALLOC_CONF_INVALID": Code(
+        "PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) is not what torch's allocator parses: CUDA init "
+        "raises, or the process aborts",
+        "fix {var} in {where} ({why}); the grammar is key:value[,key:value], e.g. expandable_segments:True",
+    ),
+    "ENV_SETTING_INVALID": Code(
+        "a variable the stack reads at start-up has a value that cannot work (a missing path, not a number)",
+        "correct or unset {var} in {where} ({why})",
+    ),
+    "STARTUP_HOOK_CHANGES_ENV": Code(
+        "a Python start-up hook (sitecustomize, usercustomize, a .pth line) changes a variable the stack "
+        "reads, in every interpreter and worker, behind what the job's environment says",
+        "remove or correct the line setting {var} in {where} (python -S shows the interpreter without it)",
+    ),
+    "ENV_SETTING_FAULT": Code(
+        "the probe fails (its worker dies) with a setting of this environment and passes without it",
+        "unset or correct {var} (the probe passed when the doctor reran it without {var})",
+    ),
+    # runtime errors the classifier names from a probe's exception and stderr
+    "CUDA_INIT_OUT_OF_MEMORY": Code(
+        "CUDA could not initialise: 'Error 2: out of memory' from cudaGetDeviceCount (an address-space "
+        "limit, or a GPU whose memory other processes hold)",
+        "{cause}",
+    ),
+    "DISK_FULL": Code(
+        "a write failed with ENOSPC (No space left on device)",
+        "free space on the filesystem of {path} (df -h {mount}), or point the setting that writes there "
+        "at a larger one",
+    ),
+    "READ_ONLY_FS": Code(
+        "a write failed with EROFS (Read-only file system)",
+        "{path} is on a read-only mount ({mount}): point the setting that writes there at a writable folder",
+    ),
+    "PATH_PERMISSION_DENIED": Code(
+        "a file or device the stack opens is not accessible to this user (EACCES)",
+        "give uid {uid} access to {path} (ls -l {path}), or run as its owner",
+    ),
+    "KERNEL_CACHE_CORRUPT": Code(
+        "kernel cache entries cannot be loaded (empty or truncated binaries, metadata without its binary, "
+        "metadata that does not parse): Triton takes them as compiled and fails at launch",
+        "rm -rf {folders} (the kernels compile again on first use), or mlstack-doctor --repair to move "
+        "them aside inside the cache",
+    ),
+    "KERNEL_IMAGE_INVALID": Code(
+        "the CUDA driver refuses a kernel image ('device kernel image is invalid'): a cached kernel is "
+        "damaged on disk",
+        "rm -rf {folders} (the kernels compile again on first use), or mlstack-doctor --repair to move "
+        "them aside inside the cache",
+    ),
     # generic
     "PROBE_TIMEOUT": Code(
         "the probe did not finish in time", "rerun with --timeout-scale 3; a hung GPU needs nvidia-smi"
@@ -349,6 +446,38 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
         "NCCL_TIMEOUT",
         re.compile(r"Watchdog caught collective operation timeout|rank\(s\) \[[\d, ]+\] hung in"),
     ),
+    # The process environment, as the runtime reports it: before the CUDA and package rules below,
+    # whose texts these errors also carry (a stub's Error 34 comes wrapped in cudaGetDeviceCount).
+    ("CUDA_DRIVER_STUB", re.compile(r"CUDA driver is a stub library|Error 34\b")),
+    (
+        "CUDA_INIT_OUT_OF_MEMORY",
+        re.compile(r"cudaGetDeviceCount\(\)[^\n]*Error 2: out of memory|cuInit[^\n]*OUT_OF_MEMORY"),
+    ),
+    (
+        "ALLOC_CONF_INVALID",
+        re.compile(
+            r"ConfigTokenizer|CUDA ?[Aa]llocator ?[Cc]onfig|Unknown allocator backend|"
+            r"garbage_collect\w*_threshold is invalid|PYTORCH_(CUDA_)?ALLOC_CONF|"
+            r"_cuda_init\(\)[\s\S]{0,400}\b(stoull|stoi|stod|stoul)\b"
+        ),
+    ),
+    ("USER_UNKNOWN", re.compile(r"getpwuid\(\): uid not found|getgrgid\(\): gid not found|getpwnam\(\)")),
+    (
+        "THREAD_LIMIT",
+        re.compile(
+            r"Thread creation failed|pthread_create[^\n]*(failed|Resource temporarily)|RLIMIT_NPROC|"
+            r"can't start new thread|fork: retry: Resource temporarily unavailable|"
+            r"\[Errno 11\] Resource temporarily unavailable"
+        ),
+    ),
+    ("OPEN_FILES_LIMIT", re.compile(r"Too many open files|\[Errno 24\]|EMFILE")),
+    (
+        "KERNEL_IMAGE_INVALID",
+        re.compile(
+            r"device kernel image is invalid|CUDA_ERROR_INVALID_IMAGE|Unknown key: 'cubin'|"
+            r"Triton cache error: compiled module"
+        ),
+    ),
     ("FLA_BACKWARD_NEEDS_TILELANG", re.compile(r"install tilelang|chunk_bwd_dqkwg \(see #640\)", re.I)),
     ("NO_PYTHON_H", re.compile(r"Python\.h: No such file")),
     ("NO_C_COMPILER", re.compile(r"Failed to find C compiler")),
@@ -361,8 +490,19 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
     ("AUTOTUNER_RACE", re.compile(r"'NoneType' object is not a mapping")),
     ("GPU_OUT_OF_MEMORY", re.compile(r"CUDA out of memory|OutOfMemoryError")),
     (
+        "DISK_FULL",
+        re.compile(
+            r"No space left on device(?:: '(?P<path>[^']+)')?|\[Errno 28\][^']*(?:'(?P<path2>[^']+)')?"
+        ),
+    ),
+    (
         "TRITON_CACHE_UNWRITABLE",
         re.compile(r"(Read-only file system|Permission denied|Not a directory).*(triton|cache)", re.I),
+    ),
+    ("READ_ONLY_FS", re.compile(r"Read-only file system(?:: '(?P<path>[^']+)')?|\[Errno 30\]")),
+    (
+        "PATH_PERMISSION_DENIED",
+        re.compile(r"Permission denied: '(?P<path>[^']+)'|Unable to open (?P<path2>/dev/\S+)"),
     ),
     ("TRITON_NO_DRIVER", re.compile(r"0 active drivers")),
     (
@@ -387,16 +527,27 @@ def classify(text: str, default: str, *, compiler_env: bool = False) -> str:
 
     `compiler_env` says the text comes from running $CC: then a missing binary means CC_INVALID.
     """
-    if (
-        compiler_env
-        and re.search(r"No such file or directory: '[^']*'|\[Errno 2\]", text)
-        and "Python.h" not in text
-    ):
-        return "CC_INVALID"
+    return match(text, default, compiler_env=compiler_env)[0]
+
+
+def match(text: str, default: str, *, compiler_env: bool = False) -> tuple[str, dict[str, str]]:
+    """(code, what the matching text names: `path`, `match`) for `text`, else (default, {}).
+
+    The table's order is the order of specificity; the first rule that matches wins."""
+    if compiler_env and classify_compiler(text):
+        return "CC_INVALID", {}
     for code, pattern in _RULES:
-        if pattern.search(text):
-            return code
-    return default
+        m = pattern.search(text)
+        if m:
+            groups = {k: v for k, v in m.groupdict().items() if v}
+            path = groups.get("path") or groups.get("path2")
+            return code, ({"path": path} if path else {}) | {"match": m.group(0)[:300]}
+    return default, {}
+
+
+def classify_compiler(text: str) -> bool:
+    """Text from running $CC in which the compiler binary itself is missing."""
+    return bool(re.search(r"No such file or directory: '[^']*'|\[Errno 2\]", text)) and "Python.h" not in text
 
 
 def missing_module(text: str) -> str | None:

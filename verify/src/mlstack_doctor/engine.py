@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from mlstack_doctor import runner, vetting
 from mlstack_doctor.context import Context
-from mlstack_doctor.probes import gpu, host, model, nccl, packages, toolchain, warm
+from mlstack_doctor.probes import caches, gpu, host, model, nccl, packages, process, toolchain, warm
 from mlstack_doctor.record import Result, Stage, Status, skipped
 
 TIERS = ("fast", "quick", "full", "stress", "warm", "nccl")
@@ -41,6 +41,9 @@ class Probe:
 
 
 PROBES: tuple[Probe, ...] = (
+    # The limits, identity and settings every later process inherits: a fault there surfaces deep
+    # inside torch, CUDA or Triton, so the probes that start those wait for it.
+    Probe("process_env", Stage.HOST, process.process_env),
     Probe("nvidia_device_nodes", Stage.HOST, host.device_nodes),
     Probe("nvidia_driver", Stage.HOST, host.driver, ("nvidia_device_nodes",), gpu=True),
     Probe("cuda_visible_devices", Stage.HOST, host.cuda_visible_devices, gpu=True),
@@ -54,6 +57,8 @@ PROBES: tuple[Probe, ...] = (
         ("c_compiler", "python_headers", "tmpdir"),
     ),
     Probe("triton_cache_dir", Stage.TOOLCHAIN, toolchain.triton_cache_dir),
+    # Entries that cannot be loaded: the probes that load kernels from the caches wait for this one.
+    Probe("kernel_caches", Stage.TOOLCHAIN, caches.kernel_caches),
     Probe("package_versions", Stage.PACKAGES, packages.package_versions),
     Probe("torch_triton_pin", Stage.PACKAGES, packages.torch_triton_pin),
     Probe("causal_conv1d", Stage.PACKAGES, packages.causal_conv1d),
@@ -61,7 +66,7 @@ PROBES: tuple[Probe, ...] = (
         "torch_cuda",
         Stage.TORCH,
         gpu.torch_cuda,
-        ("nvidia_device_nodes", "nvidia_driver", "cuda_visible_devices"),
+        ("process_env", "nvidia_device_nodes", "nvidia_driver", "cuda_visible_devices"),
         ("torch",),
         gpu=True,
         slow=True,
@@ -90,7 +95,7 @@ PROBES: tuple[Probe, ...] = (
         "fla_kernel",
         Stage.FLA,
         gpu.fla_kernel,
-        ("fla_device", "triton_cache_dir"),
+        ("fla_device", "triton_cache_dir", "kernel_caches"),
         ("fla-core",),
         gpu=True,
         slow=True,
@@ -110,7 +115,7 @@ PROBES: tuple[Probe, ...] = (
         "torch_compile",
         Stage.TORCH,
         gpu.torch_compile,
-        ("torch_cuda", "triton_target", "triton_cache_dir"),
+        ("torch_cuda", "triton_target", "triton_cache_dir", "kernel_caches"),
         ("torch", "triton"),
         gpu=True,
         slow=True,
@@ -121,7 +126,7 @@ PROBES: tuple[Probe, ...] = (
         "model_forward",
         Stage.MODEL,
         model.model_forward,
-        ("model_config", "torch_cuda", "triton_target", "fla_kernel", "triton_cache_dir"),
+        ("model_config", "torch_cuda", "triton_target", "fla_kernel", "triton_cache_dir", "kernel_caches"),
         ("torch", "transformers"),
         gpu=True,
         min_tier="full",
@@ -132,7 +137,15 @@ PROBES: tuple[Probe, ...] = (
         "triton_warm",
         Stage.WARM,
         warm.triton_warm,
-        ("nvidia_driver", "cuda_visible_devices", "c_extension_build", "triton_cache_dir", "model_config"),
+        (
+            "process_env",
+            "nvidia_driver",
+            "cuda_visible_devices",
+            "c_extension_build",
+            "triton_cache_dir",
+            "kernel_caches",  # never warm on top of entries that cannot be loaded
+            "model_config",
+        ),
         ("torch", "triton", "transformers", "fla-core"),
         gpu=True,
         min_tier="warm",
@@ -143,7 +156,7 @@ PROBES: tuple[Probe, ...] = (
         "autotune_stress",
         Stage.STRESS,
         model.autotune_stress,
-        ("model_config", "torch_cuda", "triton_target", "fla_kernel"),
+        ("model_config", "torch_cuda", "triton_target", "fla_kernel", "kernel_caches"),
         ("torch", "transformers"),
         gpu=True,
         min_tier="stress",
@@ -155,7 +168,7 @@ PROBES: tuple[Probe, ...] = (
         "nccl_gpus",
         Stage.NCCL,
         nccl.nccl_gpus,
-        ("nvidia_device_nodes", "nvidia_driver", "cuda_visible_devices"),
+        ("process_env", "nvidia_device_nodes", "nvidia_driver", "cuda_visible_devices"),
         ("torch",),
         gpu=True,
         min_tier="nccl",
@@ -169,7 +182,7 @@ PROBES: tuple[Probe, ...] = (
         "nccl_collectives",
         Stage.NCCL,
         nccl.nccl_collectives,
-        ("nccl_gpus", "nccl_shm"),
+        ("process_env", "nccl_gpus", "nccl_shm"),
         ("torch",),
         min_tier="nccl",
         slow=True,
@@ -188,6 +201,7 @@ PROBES: tuple[Probe, ...] = (
 # through NVML's C library, versions and torch's triton pin from package metadata), in about a second:
 # for monitoring and a quick verify.yml. No session probe, no model_config (it imports transformers).
 FAST_TIER = (
+    "process_env",
     "nvidia_device_nodes",
     "nvidia_driver",
     "cuda_visible_devices",
@@ -196,6 +210,7 @@ FAST_TIER = (
     "tmpdir",
     "c_extension_build",
     "triton_cache_dir",
+    "kernel_caches",
     "package_versions",
     "torch_triton_pin",
     "causal_conv1d",
@@ -209,6 +224,7 @@ WARM_TIER = (*FAST_TIER, "model_config", "triton_warm")
 # The NCCL tier: the host probes the GPUs need, then torch.distributed across them (gloo on the CPU
 # under --no-gpu or --nccl-backend gloo).
 NCCL_TIER = (
+    "process_env",
     "nvidia_device_nodes",
     "nvidia_driver",
     "cuda_visible_devices",
@@ -333,7 +349,7 @@ def run(
                 start = time.monotonic()
                 result = probe.fn(ctx)
                 result.duration_s = time.monotonic() - start
-            result = vetting.vet(result, ctx.facts)  # no fix reaches the report unchecked
+            result = vetting.vet(result, ctx.facts, ctx.results)  # no fix reaches the report unchecked
             ctx.results[probe.name] = result
             out.append(result)
             if done:
@@ -347,28 +363,82 @@ def _cause(r: Result) -> dict[str, object]:
     return {"probe": r.name, "stage": r.stage.value, "code": r.code, "fix": r.fix, "summary": r.summary}
 
 
-def independent_failures(results: list[Result]) -> list[Result]:
-    """The failures no failed prerequisite explains: each starts its own chain.
+def _text(r: Result) -> str:
+    """What a failure showed: its summary, exception and stderr (where a consequence's evidence lies)."""
+    ev = r.evidence
+    parts = [r.summary, str(ev.get("exception") or ""), str(ev.get("stderr_tail") or "")]
+    parts += [str(v) for v in (ev.get("session_import_errors") or {}).values()]
+    return "\n".join(parts)
 
-    A failed probe is a root unless one of its prerequisites (Probe.requires, transitively) failed;
-    a prerequisite that was skipped passes its own root on.
-    """
-    by_name = {r.name: r for r in results}
+
+def _last_line(r: Result) -> str:
+    text = str(r.evidence.get("exception") or "").strip()
+    return text.splitlines()[-1].strip() if text else ""
+
+
+def explained_by(r: Result, roots: list[Result], by_name: dict[str, Result]) -> tuple[str, str] | None:
+    """(the earlier root cause, why) when `r` follows from it, else None. In order: a failed or skipped
+    prerequisite; the same exception; the same code and fix (one thing to do); a marker the cause
+    published (evidence.explains: the variable, the folder, the error text it leads to)."""
     table = {p.name: p for p in PROBES}
 
-    def explained(name: str, seen: set[str]) -> bool:
+    def root_of(name: str, seen: set[str]) -> str | None:
         for dep in table[name].requires if name in table else ():
             if dep in seen:
                 continue
             seen.add(dep)
-            r = by_name.get(dep)
-            if r is not None and (r.status is Status.FAIL or (r.status is Status.SKIP and r.skipped_by)):
-                return True
-            if explained(dep, seen):
-                return True
-        return False
+            d = by_name.get(dep)
+            if d is not None and d.status is Status.SKIP and d.skipped_by:
+                return d.skipped_by
+            if d is not None and d.status is Status.FAIL:
+                return root_of(dep, seen) or dep
+            found = root_of(dep, seen)
+            if found:
+                return found
+        return None
 
-    return [r for r in results if r.status is Status.FAIL and not explained(r.name, set())]
+    pre = root_of(r.name, set())
+    if pre is not None:
+        return pre, f"its prerequisite chain failed at {pre}"
+    text, line = _text(r), _last_line(r)
+    for root in roots:
+        other = _last_line(root)
+        if other and len(other) > 20 and (other == line or other in text):
+            return root.name, f"the same exception: {other[:160]}"
+        if r.code == root.code and r.fix == root.fix:
+            return root.name, f"the same cause and fix ({r.code})"
+        hit = next((m for m in root.evidence.get("explains") or [] if m and m in text), None)
+        if hit:
+            return root.name, f"its evidence shows {hit!r}, which {root.name} found"
+    return None
+
+
+def chains(results: list[Result]) -> list[tuple[Result, list[dict[str, str | None]]]]:
+    """The independent root causes, each with the failures that follow from it (its consequences)."""
+    by_name = {r.name: r for r in results}
+    roots: list[tuple[Result, list[dict[str, str | None]]]] = []
+    for r in results:
+        if r.status is not Status.FAIL:
+            continue
+        cause = explained_by(r, [c for c, _ in roots], by_name)
+        if cause is None:
+            roots.append((r, []))
+            continue
+        name, why = cause
+        # a prerequisite's root that is itself a consequence: file it under that one's cause
+        owner = next((c for c in roots if c[0].name == name), None) or next(
+            (c for c in roots if any(x["probe"] == name for x in c[1])), None
+        )
+        if owner is None:  # what it follows from is no failure of this run (a tier's skip): its own cause
+            roots.append((r, []))
+        else:
+            owner[1].append({"probe": r.name, "code": r.code, "why": why})
+    return roots
+
+
+def independent_failures(results: list[Result]) -> list[Result]:
+    """The failures no earlier failure explains: each starts its own chain (see explained_by)."""
+    return [r for r, _ in chains(results)]
 
 
 def summarize(results: list[Result]) -> dict[str, object]:
@@ -381,5 +451,5 @@ def summarize(results: list[Result]) -> dict[str, object]:
         "skipped": counts[Status.SKIP],
         "ok": first is None,
         "root_cause": _cause(first) if first else None,
-        "root_causes": [_cause(r) for r in independent_failures(results)],
+        "root_causes": [{**_cause(r), "consequences": cons} for r, cons in chains(results)],
     }

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from mlstack_doctor import runner
 from mlstack_doctor.diagnosis import fix_for
+from mlstack_doctor.facts import libcuda as facts
 
 # The linker's default library folders (gcc -print-search-dirs, Debian and RHEL-like, x86-64 and arm64).
 LINKER_DIRS = (
@@ -38,11 +39,6 @@ LIB_DIRS = (
     "/usr/local/lib/mlstack-nvidia",
     "/usr/lib/wsl/lib",
 )
-
-
-def _lib_version(path: str) -> str | None:
-    m = re.search(r"libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$", os.path.realpath(path))
-    return m.group(1) if m else None
 
 
 def _holding(dirs: list[str]) -> list[str]:
@@ -72,18 +68,19 @@ class LibCuda:
 
     @property
     def version(self) -> str | None:
-        return _lib_version(self.loaded) if self.loaded else None
+        return facts.file_version(self.loaded) if self.loaded else None
 
     @property
     def ldconfig_version(self) -> str | None:
-        return _lib_version(self.ldconfig[0]) if self.ldconfig else None
+        return facts.file_version(self.ldconfig[0]) if self.ldconfig else None
 
 
 def find(nvml_lib: str | None) -> LibCuda:
     """Where libcuda.so.1 is for the loader, for Triton's link step and, when neither has it, on disk."""
-    ldconfig = "/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else "ldconfig"
-    res = runner.run([ldconfig, "-p"], timeout=30)
-    cached = [line.split()[-1] for line in res.stdout.splitlines() if "libcuda.so.1" in line]
+    res = runner.run(facts.ldconfig_argv(), timeout=30)
+    # The linker cache can name a file that is gone (a driver half-removed, a folder masked): the loader
+    # then fails over it, so only the paths that exist count.
+    cached = [p for p in facts.ldconfig_paths(res.stdout) if os.path.exists(p)]
     ld_dirs = _holding(os.environ.get("LD_LIBRARY_PATH", "").split(":"))
     loaded = os.path.join(ld_dirs[0], "libcuda.so.1") if ld_dirs else (cached[0] if cached else None)
     lib = LibCuda(cached, res.rc, ld_dirs, loaded, os.environ.get("TRITON_LIBCUDA_PATH"))

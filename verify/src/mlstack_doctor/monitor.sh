@@ -30,8 +30,9 @@ if ! flock -n 9; then
     exit 0
 fi
 
-# The active venv, resolved: its name (profile and lock hash) is the report's profile, and its Triton
-# cache is the one training uses. Resolved per run, so an upgrade or a rollback is followed.
+# The active venv, resolved: its doctor checks the lock it was built from (its name, profile and lock
+# hash, is the report's profile) and its Triton cache is the one training uses. Resolved per run, so an
+# upgrade or a rollback is followed.
 if ! active=$(readlink -e -- "$venv") || [ ! -x "$active/bin/mlstack-doctor" ]; then
     say "no mlstack-doctor in $venv (${active:-not found}): cannot run; provision.yml installs it" >&2
     exit 2
@@ -77,12 +78,23 @@ if [ "$tier" != fast ]; then
     fi
 fi
 
-set -- "$active/bin/mlstack-doctor" --tier "$tier" --model "$model" \
-    --profile "$active/uv.lock" --purpose "$purpose" --quiet \
-    --output "$report" --metrics "$prom" --triton-cache-root "$triton_cache_root"
-if [ "$expect_gpu" = no ]; then
-    set -- "$@" --no-gpu
+# The command every caller runs: the profile (the lock of the venv it runs in), model, purpose, GPU
+# expectation and Triton cache come from the container's doctor settings (/etc/mlstack/doctor.json, the
+# doctor role's); a setting this schedule overrides is passed as a flag.
+set -- "$active/bin/mlstack-doctor" --tier "$tier" --quiet --output "$report" --metrics "$prom"
+if [ -n "$model" ]; then
+    set -- "$@" --model "$model"
 fi
+if [ -n "$purpose" ]; then
+    set -- "$@" --purpose "$purpose"
+fi
+if [ -n "$triton_cache_root" ]; then
+    set -- "$@" --triton-cache-root "$triton_cache_root"
+fi
+case $expect_gpu in
+    yes) set -- "$@" --expect-gpu ;;
+    no) set -- "$@" --no-gpu ;;
+esac
 export HOME="${HOME:-/root}"
 rc=0
 timeout --kill-after=30 "$limit" "$@" || rc=$?

@@ -111,6 +111,13 @@ def bandwidth(results: list[Result], out: TextIO) -> None:
         out.write("  " + "  ".join(cells) + "\n")
 
 
+def _consequences(cause: dict[str, Any], indent: str) -> str:
+    """The failures that follow from `cause`, one line each (listed under it, not as causes)."""
+    return "".join(
+        f"{indent}  then {c['probe']} [{c['code']}]: {c['why']}\n" for c in cause.get("consequences") or []
+    )
+
+
 def _verdict(summary: dict[str, Any], out: TextIO) -> None:
     counts = (
         f"{summary['passed']} passed, {summary['failed']} failed, "
@@ -122,11 +129,12 @@ def _verdict(summary: dict[str, Any], out: TextIO) -> None:
         out.write(f"\n{len(roots)} INDEPENDENT ROOT CAUSES:\n")
         for i, r in enumerate(roots, 1):
             out.write(f"{i}. {r['probe']} [{r['code']}] {r['summary']}\n   FIX: {r['fix']}\n")
+            out.write(_consequences(r, "   "))
         out.write(f"{counts}\n")
     elif root:
         out.write(
             f"\nROOT CAUSE: {root['probe']} [{root['code']}] {root['summary']}\n"
-            f"FIX: {root['fix']}\n{counts}\n"
+            f"FIX: {root['fix']}\n{_consequences(roots[0] if roots else root, '')}{counts}\n"
         )
     else:
         out.write(f"\nOK: the stack works ({counts})\n")

@@ -107,6 +107,13 @@ class WorkerResult:
             return str(self.data["error"])
         if self.run.timed_out:
             return f"timed out after {self.run.duration_s:.0f} s"
+        if self.run.rc < 0 and not self.run.not_found:
+            try:
+                name = signal.Signals(-self.run.rc).name
+            except ValueError:
+                name = f"signal {-self.run.rc}"
+            last = [ln for ln in self.run.tail().splitlines() if ln.strip()][-3:]
+            return f"worker killed by {name}" + (": " + " | ".join(last) if last else "")
         return self.run.tail()
 
     def evidence(self) -> dict[str, Any]:
@@ -129,10 +136,13 @@ def run_worker(
     timeout: float,
     python: str | None = None,
     env: dict[str, str] | None = None,
+    replace_env: bool = False,
 ) -> WorkerResult:
-    """Run workers/<script> with the interpreter under test; parse the one result line it prints."""
+    """Run workers/<script> with the interpreter under test; parse the one result line it prints.
+    `env` is added to this process's environment, or is the whole environment with `replace_env`."""
     argv = [python or sys.executable, str(WORKERS_DIR / script), json.dumps(args)]
-    res = run(argv, timeout=timeout, env=_worker_env(env))
+    full = {**env, "PYTHONUNBUFFERED": "1"} if replace_env and env is not None else _worker_env(env)
+    res = run(argv, timeout=timeout, env=full)
     return WorkerResult(res, _answer(res.stdout))
 
 

@@ -9,7 +9,10 @@ SPEC is a JSON object:
   script       path of the monitor script (e.g. /usr/local/sbin/mlstack-doctor-monitor)
   unit_dir     systemd's folder for the units (e.g. /etc/systemd/system)
   metrics_dir  where doctor.prom and each tier's report go
-  settings     venv, triton_cache_root, model, purpose (strings), expect_gpu, when_busy (booleans)
+  settings     venv (the venv whose doctor runs, resolved at each run), when_busy (boolean); and, only
+               where the schedule's runs differ from the container's doctor settings (mlstack_doctor.settings,
+               which the doctor role writes and every run reads), model, purpose, triton_cache_root
+               (strings) and expect_gpu (boolean)
   runs         [{tier, timeout_s, every_min, calendar}]: every_min > 0 repeats every that many minutes,
                else calendar is a systemd OnCalendar expression
 """
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_doctor.files import write_atomic
+from mlstack_doctor.settings import PURPOSES
 
 UNIT_PREFIX = "mlstack-doctor-"
 TIER = re.compile(r"^[a-z][a-z0-9_-]*$")
@@ -89,6 +93,11 @@ def parse_spec(raw: dict[str, Any]) -> Spec:
     unknown = sorted(set(raw["settings"]) - set(SETTINGS))
     if unknown:
         raise ValueError(f"unknown settings: {', '.join(unknown)} (known: {', '.join(SETTINGS)})")
+    if not raw["settings"].get("venv"):
+        raise ValueError("settings.venv is required: the venv whose doctor runs")
+    purpose = raw["settings"].get("purpose")
+    if purpose not in (None, "", *PURPOSES):
+        raise ValueError(f"settings.purpose must be one of {', '.join(PURPOSES)} (or unset), not {purpose!r}")
     runs = tuple(_parse_run(r) for r in raw["runs"])
     tiers = [r.tier for r in runs]
     if len(set(tiers)) != len(tiers):
@@ -96,16 +105,23 @@ def parse_spec(raw: dict[str, Any]) -> Spec:
     return Spec(Path(raw["script"]), Path(raw["unit_dir"]), Path(raw["metrics_dir"]), raw["settings"], runs)
 
 
+def _given(value: object) -> str:
+    """An override as the script holds it: its text, or empty (the doctor's settings decide)."""
+    return "" if value is None else str(value)
+
+
 def render_script(spec: Spec) -> str:
-    """The monitor script: its settings, then the body shipped with the doctor (monitor.sh)."""
+    """The monitor script: its settings, then the body shipped with the doctor (monitor.sh). What the
+    schedule does not override is left empty: the doctor takes it from the container's settings file."""
     s = spec.settings
+    expect_gpu = s.get("expect_gpu")
     values = {
-        "venv": str(s.get("venv", "/opt/mlstack/venv")),
+        "venv": str(s["venv"]),
         "metrics_dir": str(spec.metrics_dir),
-        "triton_cache_root": str(s.get("triton_cache_root", "/var/cache/mlstack/triton")),
-        "model": str(s.get("model", "tiny")),
-        "purpose": str(s.get("purpose", "training")),
-        "expect_gpu": "yes" if _flag(s.get("expect_gpu", True)) else "no",
+        "triton_cache_root": _given(s.get("triton_cache_root")),
+        "model": _given(s.get("model")),
+        "purpose": _given(s.get("purpose")),
+        "expect_gpu": "" if expect_gpu in (None, "") else "yes" if _flag(expect_gpu) else "no",
         "when_busy": "yes" if _flag(s.get("when_busy", False)) else "no",
     }
     head = ["#!/bin/sh", WRITTEN_BY]

@@ -6,12 +6,18 @@ result (engine.run) and replaces a fix that contradicts the evidence with one th
 doctor could not determine, instead of a guess.
 
 Paths the doctor tried are kept in ctx.facts["paths"]: {path: "writable" | "<why not>"}.
+
+Premises: a code's fix template states a cause ("nvidia-smi must work here first", "install torch's
+triton pin", "weights incomplete?"). PREMISES holds, per code, the check that the evidence shows that
+cause; when it does not, the fix says "cause not determined" with the exception instead of the template.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import resource
+from collections.abc import Callable
 from typing import Any
 
 from mlstack_doctor.record import Result, Status
@@ -67,9 +73,126 @@ def problems(fix: str, facts: dict[str, Any]) -> list[str]:
     return found
 
 
-def vet(result: Result, facts: dict[str, Any]) -> Result:
+Premise = Callable[[Result, dict[str, Result]], "str | None"]
+
+
+def _status(results: dict[str, Result], name: str) -> Status | None:
+    r = results.get(name)
+    return r.status if r is not None else None
+
+
+def _driver_broken(result: Result, results: dict[str, Result]) -> str | None:
+    if (
+        _status(results, "nvidia_driver") is Status.PASS
+        and _status(results, "nvidia_device_nodes") is Status.PASS
+    ):
+        return "the device nodes and the driver probes passed (NVML answers), so the driver is not the cause"
+    return None
+
+
+def _torch_pin() -> tuple[str | None, str | None]:
+    """(torch's triton== pin, the installed triton) from package metadata."""
+    import importlib.metadata as md
+
+    try:
+        have = md.version("triton")
+        reqs = md.requires("torch") or []
+    except md.PackageNotFoundError:
+        return None, None
+    pins = [m.group(1) for r in reqs if (m := re.match(r"triton\s*==\s*([\w.]+)", r)) and "extra ==" not in r]
+    return (pins[0] if pins else None), have
+
+
+def _pin_differs(result: Result, results: dict[str, Result]) -> str | None:
+    pin = results.get("torch_triton_pin")
+    if pin is None:  # not in this run (--only): the metadata says the same
+        pinned, have = _torch_pin()
+    else:
+        pinned, have = pin.evidence.get("torch_pins_triton"), pin.evidence.get("triton")
+    if pinned and have and str(have).split("+")[0] == str(pinned):
+        return f"triton {have} already is torch's pin"
+    return None
+
+
+def _weights_loaded(result: Result, results: dict[str, Result]) -> str | None:
+    if result.name == "model_forward" and not result.evidence.get("weights_dir"):
+        return "no weights were loaded (a random-init model from the config)"
+    return None
+
+
+def _torch_without_cuda(result: Result, results: dict[str, Result]) -> str | None:
+    if _status(results, "torch_cuda") is Status.PASS:
+        return "torch_cuda passed: torch sees the GPU in its own process"
+    return None
+
+
+def _triton_exception(result: Result, results: dict[str, Result]) -> str | None:
+    return None if result.evidence.get("triton_exception") else "Triton raised nothing in FLA's process"
+
+
+def _limit_finite(res_name: int, label: str) -> Premise:
+    def check(result: Result, results: dict[str, Result]) -> str | None:
+        if resource.getrlimit(res_name)[0] == resource.RLIM_INFINITY:
+            return f"{label} is unlimited here (a cgroup limit, pids.max or memory.max, may be the one)"
+        return None
+
+    return check
+
+
+def _filled(*names: str) -> Premise:
+    """The fix names what the evidence showed: its placeholders for `names` were filled."""
+
+    def check(result: Result, results: dict[str, Result]) -> str | None:
+        empty = [n for n in names if f"<{n}>" in (result.fix or "")]
+        return f"the evidence does not show the {', '.join(empty)}" if empty else None
+
+    return check
+
+
+PREMISES: dict[str, Premise] = {
+    "CUDA_UNAVAILABLE": _driver_broken,
+    "TORCH_COMPILE_FAILED": _pin_differs,
+    "TORCH_COMPILE_MISMATCH": _pin_differs,
+    "MODEL_LOAD_FAILED": _weights_loaded,
+    "TRITON_NO_DRIVER": _torch_without_cuda,
+    "FLA_ON_CPU": _triton_exception,
+    "THREAD_LIMIT": _limit_finite(resource.RLIMIT_NPROC, "RLIMIT_NPROC"),
+    "KERNEL_IMAGE_INVALID": _filled("folders"),
+    "KERNEL_CACHE_CORRUPT": _filled("folders"),
+    "CUDA_DRIVER_STUB": _filled("the folder holding the stub libcuda"),
+    "DISK_FULL": _filled("path"),
+    "READ_ONLY_FS": _filled("path"),
+    "PATH_PERMISSION_DENIED": _filled("path"),
+    "ENV_SETTING_FAULT": _filled("var"),
+    "ALLOC_CONF_INVALID": _filled("var"),
+}
+
+
+def exception_of(result: Result) -> str:
+    text = str(result.evidence.get("exception") or "").strip() or result.summary
+    return text.splitlines()[-1][:300] if text else "no exception text"
+
+
+def vet_premise(result: Result, results: dict[str, Result]) -> Result:
+    """`result` with a fix whose premise the evidence lacks replaced by "cause not determined"."""
+    check = PREMISES.get(result.code or "")
+    why = check(result, results) if check and result.fix else None
+    if not why:
+        return result
+    result.evidence["rejected_fix"] = {"fix": result.fix, "why": [why]}
+    result.fix = (
+        f"cause not determined: {exception_of(result)} (the usual fix does not apply: {why}); "
+        "read evidence.exception and evidence.stderr_tail"
+    )
+    return result
+
+
+def vet(result: Result, facts: dict[str, Any], results: dict[str, Result] | None = None) -> Result:
     """`result` with its fix replaced when the evidence contradicts it; the old fix kept as evidence."""
     if result.status not in (Status.FAIL, Status.WARN) or not result.fix:
+        return result
+    result = vet_premise(result, results or {})
+    if "rejected_fix" in result.evidence:
         return result
     why = problems(result.fix, facts)
     if not why:

@@ -73,3 +73,29 @@ def test_a_command_that_is_not_executable_is_missing(tool: Path) -> None:
     tool.chmod(0o644)
     assert missing_command([str(tool)]) == f"{tool} is not executable"
     assert missing_command(["ldconfig"]) is None  # a bare name is PATH's to find
+
+
+@pytest.mark.parametrize(
+    "summary,codes",
+    [
+        ({"ok": True, "root_cause": None, "root_causes": []}, []),
+        (
+            {
+                "ok": False,
+                "root_cause": {"probe": "a", "code": "X", "fix": "fx"},
+                "root_causes": [
+                    {"probe": "a", "code": "X", "fix": "fx"},
+                    {"probe": "b", "code": "Y", "fix": "fy"},
+                ],
+            },
+            ["X", "Y"],
+        ),
+        ({"ok": False, "root_cause": {"probe": "a", "code": "X", "fix": "fx"}}, ["X"]),  # a 1.0 report
+    ],
+    ids=["passed", "two independent failures", "schema 1.0"],
+)
+def test_every_root_cause_comes_back(tool: Path, tmp_path: Path, summary: dict, codes: list[str]) -> None:
+    out = tmp_path / "report.json"
+    doc = {"tier": "full", "summary": summary}
+    result = run_and_read([str(tool), "1", json.dumps(doc), str(out)], str(out), run, (0, 1))
+    assert [r["code"] for r in result["root_causes"]] == codes

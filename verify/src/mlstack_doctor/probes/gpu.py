@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from mlstack_doctor import runner
+from mlstack_doctor import runner, runtime
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
 from mlstack_doctor.record import Result, Stage, failed, passed, warned
@@ -72,6 +72,32 @@ def failure_code(res: runner.WorkerResult, default: str, text: str) -> str:
     return classify(text, default)
 
 
+# Probes whose worker can run again on its own, cheaply, for the reduced-environment rerun.
+RERUN = {"torch_cuda", "fla_device", "fla_kernel", "gdn_backward", "torch_compile"}
+RERUN_CODE = {"PYTORCH_CUDA_ALLOC_CONF": "ALLOC_CONF_INVALID", "PYTORCH_ALLOC_CONF": "ALLOC_CONF_INVALID"}
+
+
+def _rerun(ctx: Context, name: str, res: runner.WorkerResult, ex: runtime.Explained) -> None:
+    """A worker that died with no cause named: run it once more without the stack's settings, and say
+    which one makes the difference (ex is updated in place)."""
+    if name not in RERUN or ctx.facts.get("reran"):
+        return
+    ctx.facts["reran"] = name  # once per run: each rerun imports torch again
+    script, extra = OPS[name]
+    args = {"device": "cuda"} if name == "torch_compile" else {}
+    found = runtime.reduced_rerun(script, {**args, **extra}, ctx.timeout(180))
+    ex.evidence["reduced_env_rerun"] = found
+    var = found.get("culprit")
+    if var:
+        ex.code = RERUN_CODE.get(var, "ENV_SETTING_FAULT")
+        ex.fix_args = runtime.fix_args(ex.code, {}, ctx.facts) if ex.code != "ENV_SETTING_FAULT" else {}
+        ex.fix_args.setdefault("var", var)
+    elif found.get("passed") is False:
+        ex.evidence["reduced_env_rerun"]["verdict"] = (
+            "still fails without the stack's settings: not one of them"
+        )
+
+
 def _fail(
     name: str,
     stage: Stage,
@@ -82,11 +108,18 @@ def _fail(
     fix_args: dict[str, str] | None = None,
     **ev: object,
 ) -> Result:
-    # The exception first, then the worker's stderr: a compiler Triton ran prints the specific cause there
-    # ("fatal error: Python.h: No such file or directory") while the exception only says CalledProcessError.
-    text = res.error_text + "\n" + res.run.stderr[-20000:]
-    code = failure_code(res, default, text)
-    ev = {**ev, **res.evidence()}
+    # A module the session failed to import is the first error; what fails after it in the same process
+    # (torch 2.11: "Artifact of type=inductor already registered") only echoes it.
+    s = ctx.session
+    earlier = (s.imports.get("import_errors") or {}) if s is not None and s.started else {}
+    if earlier:
+        ev = {**ev, "session_import_errors": earlier}
+    ex = runtime.explain(res, default, ctx.facts, also="\n".join(earlier.values()))
+    if ex.code == "PROBE_CRASHED":
+        _rerun(ctx, name, res, ex)
+    code = ex.code
+    ev = {**ev, **res.evidence(), **ex.evidence}
+    exception = res.error_text.strip()
     fix = fix_for(
         code,
         python=ctx.python,
@@ -96,16 +129,17 @@ def _fail(
         package=res.error_text.split("'")[1]
         if code == "PACKAGE_MISSING" and "'" in res.error_text
         else "<package>",
-        **(fix_args or {}),
+        exception=exception.splitlines()[-1][:300] if exception else "no exception text",
+        **{**(fix_args or {}), **ex.fix_args},
     )
-    return failed(
-        name,
-        stage,
-        f"{what}: {res.error_text.strip().splitlines()[-1][:300] if res.error_text.strip() else '?'}",
-        code,
-        fix,
-        **ev,
+    if code == "PROBE_CRASHED" and ex.evidence.get("signal"):  # what the signal's victim said last
+        last = ex.fix_args.get("last", "none")
+        fix += f" (the worker died of {ex.evidence['signal']}; its last lines: {last})"
+    # the words the code was read from, where a rule matched; else the exception's last line
+    detail = ex.evidence.get("classified_from") or (
+        exception.splitlines()[-1][:300] if exception else f"worker rc {res.run.rc}, no output"
     )
+    return failed(name, stage, f"{what}: {detail}", code, fix, **ev)
 
 
 def torch_cuda(ctx: Context) -> Result:

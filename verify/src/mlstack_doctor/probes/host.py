@@ -17,9 +17,10 @@ from dataclasses import asdict
 from mlstack_doctor import libcuda, runner, visible
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
+from mlstack_doctor.facts import nvidia
 from mlstack_doctor.record import Result, Stage, failed, passed, warned
 
-PROC_VERSION = "/proc/driver/nvidia/version"
+PROC_VERSION = nvidia.PROC_VERSION
 REQUIRED_NODES = ("/dev/nvidiactl",)
 
 
@@ -163,9 +164,9 @@ def _kernel_module_version() -> tuple[str | None, str | None, str | None]:
             text = f.read()
     except OSError as exc:
         return None, None, f"{PROC_VERSION}: {exc.strerror or exc}"
-    m = re.search(r"Kernel Module(?: for [\w-]+)?\s+([\d.]+)", text)
-    why = None if m else f"{PROC_VERSION} names no kernel module version"
-    return (m.group(1) if m else None), (text.splitlines()[0] if text else None), why
+    version = nvidia.kernel_module_version(text)
+    why = None if version else f"{PROC_VERSION} names no kernel module version"
+    return version, (text.splitlines()[0] if text else None), why
 
 
 def driver(ctx: Context) -> Result:

@@ -190,7 +190,9 @@ def model_config(ctx: Context) -> Result:
             code = "MODEL_TYPE_UNKNOWN"
         ev.update(data)
         ev.update(res.evidence())
-        unreadable = packages.unreadable_file(res.error_text + (res.data.get("traceback") or ""))
+        unreadable = packages.unreadable_file(res.error_text + (res.data.get("traceback") or "")) or " ".join(
+            packages.unreadable_dirs({})
+        )
         if unreadable:
             code = "PACKAGE_UNREADABLE"
             ev["unreadable"] = unreadable

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import importlib.util
+import os
 import re
 from pathlib import Path
 
+from mlstack_doctor import policy
 from mlstack_doctor import profile as prof
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import fix_for
@@ -19,6 +21,17 @@ def installed(dist: str) -> str | None:
     except md.PackageNotFoundError:
         return None
 
+
+def requires(dist: str) -> list[str]:
+    """Its Requires-Dist lines; [] where it is not installed."""
+    try:
+        return md.requires(dist) or []
+    except md.PackageNotFoundError:
+        return []
+
+
+# Packages the stack policy's rules name beside the stack (read for those rules only).
+POLICY_ONLY = ("nvidia-cuda-runtime", "tilelang")
 
 # What each stack distribution is imported as.
 IMPORT_NAMES = {
@@ -61,15 +74,58 @@ def unreadable_file(text: str) -> str | None:
     return m.group(1) + m.group(2) if m else None
 
 
+def unreadable_dirs(found: dict[str, str | None]) -> list[str]:
+    """Installed stack packages whose folder this user cannot list or enter (a venv installed by root
+    with umask 077, a 0700 bind mount): importing them fails, in ways that do not say so."""
+    out: list[str] = []
+    for dist, module in IMPORT_NAMES.items():
+        if not found.get(dist) and installed(dist) is None:
+            continue
+        try:
+            home = Path(str(md.distribution(dist).locate_file("")))
+        except (ValueError, md.PackageNotFoundError):
+            continue
+        folder = home / module
+        if folder.is_dir() and not os.access(folder, os.R_OK | os.X_OK):
+            out.append(str(folder))
+    return out
+
+
+def _gpu_archs(ctx: Context) -> list[str]:
+    """The archs (sm_90) of the GPUs NVML or torch reported earlier in this run; [] where none did."""
+    gpus = ctx.facts.get("nvml_gpus") or ctx.facts.get("gpus") or []
+    return sorted(
+        {a for g in gpus if isinstance(g, dict) and (a := policy.arch_of(g.get("compute_capability")))}
+    )
+
+
 def package_versions(ctx: Context) -> Result:
     name, stage = "package_versions", Stage.PACKAGES
-    profile = ctx.opts.profile or prof.load("default")
+    profile = ctx.opts.profile or prof.unpinned()
     found = {d: installed(d) for d in prof.STACK}
     ctx.facts["installed"] = found
-    ev: dict[str, object] = {"profile": profile.to_json(), "installed": found}
+    matched = prof.matching_shipped(found)
+    ctx.facts["matches_shipped"] = matched
+    ev: dict[str, object] = {"profile": profile.to_json(), "installed": found, "matches_shipped": matched}
     shadow = shadowed(found)
+    locked = unreadable_dirs(found)
+    if locked:
+        ev["unreadable"] = locked
+        ev["explains"] = [*locked, "Permission denied", "Could not import module"]
+        return failed(
+            name,
+            stage,
+            f"package folders this user cannot read: {', '.join(locked)}",
+            "PACKAGE_UNREADABLE",
+            fix_for("PACKAGE_UNREADABLE", path=" ".join(locked)),
+            **ev,
+        )
     if shadow:
         ev["shadowed"] = shadow
+        # what importing through the shadow raises later: the same folder, a submodule it lacks
+        ev["explains"] = [
+            m for x in shadow.values() for m in (x["imported_from"], f"No module named '{x['module']}.")
+        ]
         dist, s = next(iter(shadow.items()))
         return failed(
             name,
@@ -96,7 +152,11 @@ def package_versions(ctx: Context) -> Result:
             stage,
             f"not installed: {', '.join(missing)} (profile {profile.name})",
             "PACKAGE_MISSING",
-            fix_for("PACKAGE_MISSING", python=ctx.python, package=f"{missing[0]}=={spec}"),
+            fix_for(
+                "PACKAGE_MISSING",
+                python=ctx.python,
+                package=missing[0] + ("" if spec == prof.ANY else f"=={spec}"),
+            ),
             **ev,
         )
     if off:
@@ -106,8 +166,45 @@ def package_versions(ctx: Context) -> Result:
         if profile.source.endswith("uv.lock"):  # the lock is the whole truth: sync puts every package back
             fix += f" (or the whole lock: cd {profile.source.rsplit('/', 1)[0]} && uv sync --frozen)"
         return failed(name, stage, f"off profile {profile.name}: {summary}", "VERSION_OFF_PROFILE", fix, **ev)
+    unpaired = prof.unpaired_fla(found, requires("flash-linear-attention"))
+    if unpaired:
+        ev["fla_core_unpaired"] = unpaired
+        return failed(
+            name,
+            stage,
+            f"flash-linear-attention {unpaired['flash-linear-attention']} pins {unpaired['pins']}, "
+            f"fla-core is {unpaired['installed']}",
+            "FLA_CORE_UNPAIRED",
+            fix_for("FLA_CORE_UNPAIRED", python=ctx.python, pins=f"'{unpaired['pins']}'"),
+            **ev,
+        )
     listed = ", ".join(f"{d} {found[d]}" for d in profile.expect)
-    return passed(name, stage, f"{listed} match profile {profile.name}", **ev)
+    checked = f"match profile {profile.name}" if profile.pinned else "installed (no profile: no pins checked)"
+    shipped = (
+        f"; the stack is shipped profile {', '.join(matched)}" if matched else "; no shipped profile matches"
+    )
+    summary = f"{listed} {checked}{'' if profile.pinned and not matched else shipped}"
+    archs = _gpu_archs(ctx)
+    if not archs:
+        ev["policy"] = {
+            "archs": [],
+            "rules": [],
+            "not_evaluated": "no GPU architecture known: the rules are per GPU",
+        }
+        return passed(name, stage, summary, **ev)
+    versions = {**found, **{d: installed(d) for d in POLICY_ONLY}}
+    rules = policy.applying(prof.shipped_data()["rules"], versions, archs, ctx.opts.purpose)
+    ev["policy"] = {"archs": archs, "rules": rules}
+    bad = [r for r in rules if r["action"] == "refuse"] or [
+        r for r in rules if r["action"] in ("warn", "add_extra")
+    ]
+    if not bad:
+        return passed(name, stage, summary, **ev)
+    said = "; ".join(f"{r['id']} ({', '.join(r['archs'])}): {r['says']}" for r in bad)
+    verdict = failed if bad[0]["action"] == "refuse" else warned
+    return verdict(
+        name, stage, f"stack policy: {said}", "STACK_POLICY_RULE", fix_for("STACK_POLICY_RULE"), **ev
+    )
 
 
 def torch_triton_pin(ctx: Context) -> Result:
@@ -132,16 +229,17 @@ def torch_triton_pin(ctx: Context) -> Result:
         )
     if prof.matches(triton_v, pinned):
         return passed(name, stage, f"triton {triton_v} is torch's pin", **ev)
-    profile = ctx.opts.profile
-    expected = profile.expect.get("triton") if profile else None
-    if expected and prof.matches(triton_v, expected) and not prof.matches(pinned, expected):
-        ev["override"] = (
-            profile.overrides.get("triton", f"profile expects triton {expected}") if profile else None
+    declared = prof.declared_override(
+        ctx.opts.profile, ctx.facts.get("matches_shipped") or [], "triton", triton_v
+    )
+    if declared and not prof.matches(pinned, declared.expect["triton"]):
+        ev["override"] = declared.overrides.get(
+            "triton", f"profile expects triton {declared.expect['triton']}"
         )
         return passed(
             name,
             stage,
-            f"triton {triton_v} overrides torch's pin {pinned}, as profile {profile.name} declares",
+            f"triton {triton_v} overrides torch's pin {pinned}, as profile {declared.name} declares",
             **ev,
         )
     return warned(

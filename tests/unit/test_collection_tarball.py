@@ -20,6 +20,7 @@ BIN = Path(sys.executable).parent
 PRODUCT = {
     "CHANGELOG.md",
     "README.md",
+    "changelogs",
     "FILES.json",
     "MANIFEST.json",
     "docs",

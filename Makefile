@@ -1,4 +1,4 @@
-# Entry points; README.md documents them. Everything runs from the controller venv in .venv.
+# Entry points; README.md and docs/ document them. Everything runs from the controller venv in .venv.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -18,6 +18,8 @@ $(VENV)/.done: requirements-controller.txt requirements-controller.lock verify/p
 
 venv: $(VENV)/.done
 
+# The testbed: 3 PVE nodes (testbed, testbed2, testbed3) and 2 dummy GPUs (/dev/nvidia0, /dev/nvidia1, ctl, uvm,
+# caps: no driver); docs/testbed.md.
 testbed: venv
 	testbed/testbed up --gpu-nodes 2 --nodes 3
 
@@ -58,6 +60,6 @@ test-core221: testbed
 down:
 	testbed/testbed down
 
-# Also destroy the testbed's containers and its cached template.
+# Also destroy the testbed's containers (with their venvs in the nodes' uv store) and its cached template.
 purge:
 	testbed/testbed down --purge

@@ -331,6 +331,31 @@ def testbed_vmids() -> list[int]:
     return sorted(vmids)
 
 
+# The nodes' shared uv store: the gpu_container role's default (one folder for every testbed node, as the
+# nodes share this machine's /var/lib/mlstack). A container's venvs are its venvs/ct<vmid>/ there.
+ROLE_DEFAULTS = Path(__file__).resolve().parents[2] / "roles" / "gpu_container" / "defaults" / "main.yml"
+
+
+def node_venvs_dir(vmid: int) -> Path:
+    """Where a container's venvs live in the nodes' uv store (gpu_container_uv_cache_dir/venvs/ct<vmid>)."""
+    import yaml
+
+    store = yaml.safe_load(ROLE_DEFAULTS.read_text())["gpu_container_uv_cache_dir"]
+    return Path(store) / "venvs" / f"ct{vmid}"
+
+
+def remove_venvs(vmid: int) -> str:
+    """Remove a destroyed container's venvs from the nodes' uv store, as destroy.yml does on a real node
+    (uv's cache stays: the other containers' venvs are hard links into it). Says what it removed."""
+    import shutil
+
+    folder = node_venvs_dir(vmid)
+    if not folder.is_dir():
+        return ""
+    shutil.rmtree(folder)
+    return f"its venvs {folder} removed"
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     pid = daemons.stop(paths.API_PIDFILE, API_MARKER)
     print(f"API: {'stopped pid ' + str(pid) if pid else 'was not running'}")
@@ -341,7 +366,8 @@ def cmd_down(args: argparse.Namespace) -> int:
     for vmid in testbed_vmids():
         if args.purge:
             realct.destroy(vmid)
-            print(f"CT {vmid}: destroyed")
+            venvs = remove_venvs(vmid)
+            print(f"CT {vmid}: destroyed{'; ' + venvs if venvs else ''}")
         elif realct.state(vmid)[0] == "running":
             realct.stop(vmid, timeout=10)
             print(f"CT {vmid}: stopped")

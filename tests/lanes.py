@@ -125,10 +125,18 @@ PLAN = [
     ),
     # CT 139 is the foreign guest of both lifecycle and bad input.
     Step("lifecycle", (PROVISION + "test_lifecycle.py",), vmids=span(128, 139)),
-    Step("api-token", (PROVISION + "test_api_token.py",), vmids=span((940, 942))),
+    # One container changed in turn on day two (CT 200), one only planned (CT 201); 202-219 kept for it.
+    Step("day-two", (PROVISION + "test_day_two.py",), vmids=span((200, 219))),
+    Step("api-token", (PROVISION + "test_api_token.py",), vmids=span((940, 942), 962)),
+    # The doctor typed by hand in a provisioned container (CT 240); vmids 241-249 kept for its kind.
+    Step("doctor-defaults", (PROVISION + "test_doctor_defaults.py",), vmids=span(240)),
+    # Shared folders removed under running containers (CT 220-221): folders of its own (pve_host_root), so
+    # the node's shared store that the other steps' containers bind is never touched.
+    Step("mount-heal", (PROVISION + "test_mount_heal.py",), vmids=span((220, 229))),
     Step("bad-input", (PROVISION + "test_bad_input.py",), vmids=span((121, 127), 139)),
     # No playbook run of its own writes reports/; its hostroot containers mount in the machine's namespace.
-    Step("testbed", ("tests/testbed",), vmids=span((900, 939), (949, 959)), isolated=False),
+    # CT 960-961: test_api_errors.py's second API server (960 never created, 961 an API record only).
+    Step("testbed", ("tests/testbed",), vmids=span((900, 939), (949, 961)), isolated=False),
     Step("molecule", argv=("molecule", "test", "-s", "default"), vmids=span(110)),
 ]
 

@@ -15,7 +15,7 @@ description:
   - A running container takes some changes at once and keeps others pending until its next start, as
     PVE decides; RV(restart_needed) is read back from PVE after the change. Restarting is not done here
     (mlstack.pve.pct_start with O(mlstack.pve.pct_start#module:restart=true)).
-  - A root disk is never shrunk: a smaller O(disk_gb) fails, naming both sizes, before any change.
+  - A root disk is never shrunk; a smaller O(disk_gb) fails, naming both sizes, before any change.
 options:
   vmid:
     description: Container ID.

@@ -73,8 +73,8 @@ report_error:
   returned: always
 root_causes:
   description:
-    - A doctor report's root causes, one per independent failure (each with C(probe), C(code) and C(fix)):
-      C(summary.root_causes), or the single C(summary.root_cause) of a 1.0 report; V([]) when none.
+    - A doctor report's root causes, one per independent failure, each with C(probe), C(code) and C(fix).
+      They are C(summary.root_causes), or the single C(summary.root_cause) of a 1.0 report; V([]) when none.
   type: list
   elements: dict
   returned: always

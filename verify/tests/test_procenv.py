@@ -187,3 +187,17 @@ def test_home_unset_without_a_passwd_entry_is_named(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(procenv.pwd, "getpwuid", missing)
     assert "no passwd entry" in procenv.identity()["home_problem"]
+
+
+def test_the_triton_cache_the_doctor_sets_itself_is_no_hooks_doing(tmp_path: Path) -> None:
+    # A provisioned container: a sitecustomize is present (Debian ships one) and the doctor sets
+    # TRITON_CACHE_DIR from --triton-cache-root; that change is the doctor's, not the hook's.
+    (tmp_path / "sitecustomize.py").write_text("# nothing changed here\n")
+    env = doctor_env({"PYTHONPATH": f"{tmp_path}:{doctor_env()['PYTHONPATH']}"})
+    env.pop("TRITON_CACHE_DIR", None)
+    run = run_doctor(
+        "--no-gpu", "--only", "process_env", "--triton-cache-root", str(tmp_path / "triton"), env=env
+    )
+    probe = next(p for p in run.report["probes"] if p["name"] == "process_env")
+    assert probe["evidence"]["changed_at_start"] == {}, probe["evidence"]
+    assert "STARTUP_HOOK_CHANGES_ENV" not in json.dumps(probe), probe

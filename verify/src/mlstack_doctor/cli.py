@@ -8,7 +8,7 @@ import sys
 import traceback
 from dataclasses import replace
 
-from mlstack_doctor import __version__, engine, metrics, profile, render, reuse, settings
+from mlstack_doctor import __version__, engine, metrics, procenv, profile, render, reuse, settings
 from mlstack_doctor.context import Context, Options
 from mlstack_doctor.engine import Probe
 from mlstack_doctor.files import write_atomic
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.triton_cache_root:
         # Set before anything reads it: the probes and the workers they start inherit it.
         venv_name = os.path.basename(os.path.realpath(sys.prefix))
-        os.environ["TRITON_CACHE_DIR"] = os.path.join(args.triton_cache_root, venv_name)
+        procenv.set_by_doctor("TRITON_CACHE_DIR", os.path.join(args.triton_cache_root, venv_name))
     names = {p.name for p in engine.PROBES}
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     if only and not set(only) <= names:

@@ -80,6 +80,17 @@ def initial_environ() -> dict[str, str] | None:
     return out
 
 
+# Variables the doctor sets itself before its probes run (e.g. TRITON_CACHE_DIR from --triton-cache-root):
+# a difference from the environment the process started with that is the doctor's own is no hook's doing.
+SET_BY_DOCTOR: dict[str, str] = {}
+
+
+def set_by_doctor(name: str, value: str) -> None:
+    """Set `name` for this process and the workers it starts, remembered as the doctor's own setting."""
+    os.environ[name] = value
+    SET_BY_DOCTOR[name] = value
+
+
 def changed_at_start() -> dict[str, dict[str, str | None]]:
     """Family variables a start-up hook (sitecustomize, a .pth line) changed in this interpreter."""
     first = initial_environ()
@@ -89,7 +100,7 @@ def changed_at_start() -> dict[str, dict[str, str | None]]:
     return {
         k: {"started_with": _red(k, first.get(k)), "now": _red(k, os.environ.get(k))}
         for k in sorted(names)
-        if first.get(k) != os.environ.get(k)
+        if first.get(k) != os.environ.get(k) and SET_BY_DOCTOR.get(k) != os.environ.get(k)
     }
 
 

@@ -162,7 +162,10 @@ def shared_ct(runner: Callable[..., Any], testbed: Any) -> Iterator[dict[str, An
     if not reuse:
         remove_ct(testbed.proxmox(), testbed, SHARED_VMID)
     if not (reuse and ct_sh(SHARED_VMID, "test -f /opt/mlstack/venv/.mlstack-complete").returncode == 0):
-        first = runner("provision.yml", [entry], env={"ANSIBLE_VERBOSITY": "3"}, doctor_tier="quick")
+        # A first provision at -vvv beside make test's other steps: on 2 cores it has taken 15 minutes.
+        first = runner(
+            "provision.yml", [entry], env={"ANSIBLE_VERBOSITY": "3"}, timeout=1800, doctor_tier="quick"
+        )
         assert first.rc == 0, first.output[-4000:]
     yield entry
     # Venvs the faults built aside live in the node's shared store, not in the container: remove them.

@@ -21,6 +21,7 @@ Usage: python tests/lanes.py [--only STEP,...] [--list] [-- EXTRA PYTEST ARGS]
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -33,7 +34,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LOGS = REPO / "build" / "test-lanes"
-PYTEST = [sys.executable, "-m", "pytest", "-q", "--durations=30"]
+PYTEST = [sys.executable, "-m", "pytest", "-q", "--durations=30", "-p", "tests.lanes_collect"]
+# Every folder that holds tests: what the tree collects, to compare with what the steps ran.
+TEST_ROOTS = ("verify/tests", "tests/unit", "tests/provision", "tests/faults", "tests/testbed")
 TESTBED = "testbed/testbed"
 # Folders of the checkout a playbook run writes to (roles doctor, fleet_report): one set per step.
 ISOLATED = ("reports", "build/dist", "verify/build", "verify/src/mlstack_doctor.egg-info")
@@ -78,6 +81,21 @@ class Step:
     def log(self) -> Path:
         return LOGS / f"{self.name}.log"
 
+    @property
+    def collected(self) -> Path:
+        """The node ids its pytest collected (tests/lanes_collect.py)."""
+        return LOGS / self.name / "collected.txt"
+
+    @property
+    def ledger(self) -> Path:
+        """One line per playbook run of its tests (playbook_runner.record_run)."""
+        return LOGS / self.name / "runs.jsonl"
+
+    def runs(self) -> list[dict[str, object]]:
+        if not self.ledger.exists():
+            return []
+        return [json.loads(line) for line in self.ledger.read_text().splitlines() if line.strip()]
+
 
 PROVISION = "tests/provision/"
 # In priority order (and the serial order). The node-exclusive step goes first, beside the steps that
@@ -114,8 +132,9 @@ PLAN = [
     ),
     # One session: CT 160 is provisioned once for the suite, and the secrets grep reads every run's logs.
     Step("faults", ("tests/faults",), vmids=span((160, 189))),
-    # Template download (CT 943-944), README commands (CT 100), monitoring (CT 120, 150); vmids 133 and
-    # 135-137 kept for new files.
+    # Template download (CT 943-944), README commands (CT 100), monitoring (CT 120) and the provisioned
+    # container that the doctor's defaults and the monitoring read (CT 150, shared: conftest.py's
+    # default_ct); vmids 133 and 135-137 kept for new files.
     Step("provision", (PROVISION.rstrip("/"),), vmids=span(100, 120, 133, (135, 137), 150, (943, 944))),
     # The fleet across the cluster's three nodes (CT 130-132), reruns after changes by hand (CT 138).
     Step(
@@ -128,8 +147,6 @@ PLAN = [
     # One container changed in turn on day two (CT 200), one only planned (CT 201); 202-219 kept for it.
     Step("day-two", (PROVISION + "test_day_two.py",), vmids=span((200, 219))),
     Step("api-token", (PROVISION + "test_api_token.py",), vmids=span((940, 942), 962)),
-    # The doctor typed by hand in a provisioned container (CT 240); vmids 241-249 kept for its kind.
-    Step("doctor-defaults", (PROVISION + "test_doctor_defaults.py",), vmids=span(240)),
     # Shared folders removed under running containers (CT 220-221): folders of its own (pve_host_root), so
     # the node's shared store that the other steps' containers bind is never touched.
     Step("mount-heal", (PROVISION + "test_mount_heal.py",), vmids=span((220, 229))),
@@ -265,6 +282,8 @@ class Runner:
 
     def env(self, step: Step) -> dict[str, str]:
         env = dict(os.environ)
+        env["MLSTACK_TEST_COLLECTED"] = str(step.collected)
+        env["MLSTACK_TEST_RUN_LEDGER"] = str(step.ledger)
         if self.lanes > 1 and step.node != "exclusive":
             # tests/conftest.py: only check that the testbed is up, never `up` it or change its GPU model.
             env["MLSTACK_TESTBED_SHARED"] = "1"
@@ -273,7 +292,9 @@ class Runner:
     def start(self, step: Step) -> None:
         step.state, step.seconds = "running", time.monotonic()
         argv = command(step, self.extra if step.paths else [], self.lanes)
-        LOGS.mkdir(parents=True, exist_ok=True)
+        (LOGS / step.name).mkdir(parents=True, exist_ok=True)
+        for stale in (step.collected, step.ledger):
+            stale.unlink(missing_ok=True)
         out = step.log.open("wb")
         out.write(f"$ {shlex.join(argv)}\n".encode())
         out.flush()
@@ -305,7 +326,21 @@ class Runner:
         # An earlier step still waiting keeps what it needs from being taken by later ones.
         return not any(conflicts(step, [b]) for b in blocked)
 
+    @property
+    def tree(self) -> Path:
+        return LOGS / "tree-collected.txt"
+
+    def collect_tree(self) -> None:
+        """What the whole tree collects (a few seconds of CPU), for the report's count."""
+        LOGS.mkdir(parents=True, exist_ok=True)
+        argv = [*PYTEST[:3], "-q", "--collect-only", "-p", "tests.lanes_collect", *TEST_ROOTS]
+        env = dict(os.environ, MLSTACK_TEST_COLLECTED=str(self.tree))
+        r = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            self.say(f"collecting the tree failed (exit {r.returncode}): {(r.stdout + r.stderr)[-4000:]}")
+
     def run(self) -> int:
+        self.collect_tree()
         heartbeat, beat_busy = time.monotonic(), cpu_busy_seconds()
         while True:
             running = [s for s in self.steps if s.state == "running"]
@@ -341,16 +376,44 @@ class Runner:
 
     def report(self) -> int:
         failed = [s for s in self.steps if s.state != "passed"]
+        print("\nstep                 result   seconds  runs  run-s  ctl-cpu  summary")
+        for s in self.steps:
+            runs = s.runs()
+            run_s = sum(float(r["seconds"]) for r in runs)  # type: ignore[arg-type]
+            cpu = sum(float(r["controller_cpu"]) for r in runs)  # type: ignore[arg-type]
+            print(
+                f"{s.name:<20} {s.state:<8} {s.seconds:>7.0f} {len(runs):>5} {run_s:>6.0f} {cpu:>8.0f}"
+                f"  {s.note or s.summary}"
+            )
+        print("(runs: its tests' playbook runs; run-s: their wall seconds; ctl-cpu: their controller CPU)")
+        self.say(self.coverage())
         for s in failed:
             if s.rc is not None:
                 tail = "\n".join(s.log.read_text(errors="replace").splitlines()[-60:])
                 print(f"\n----- {s.name} failed (exit {s.rc}); last lines of {s.log}:\n{tail}", flush=True)
-        print("\nstep                 result   seconds  summary")
-        for s in self.steps:
-            print(f"{s.name:<20} {s.state:<8} {s.seconds:>7.0f}  {s.note or s.summary}")
         passed = len(self.steps) - len(failed)
         self.say(f"{passed}/{len(self.steps)} steps passed; all along: {busy_share(self.busy0, self.t0)}")
+        if failed:
+            self.say(f"failed: {', '.join(s.name for s in failed)} (their last lines above)")
         return 1 if failed else 0
+
+    def coverage(self) -> str:
+        """Tests the tree collects against the tests the steps collected: a test no step runs shows here."""
+        ran: dict[str, int] = {}
+        for s in self.steps:
+            if s.collected.exists():
+                for nodeid in s.collected.read_text().splitlines():
+                    ran[nodeid] = ran.get(nodeid, 0) + 1
+        tree = self.tree.read_text().splitlines() if self.tree.exists() else []
+        missing = sorted(set(tree) - set(ran))
+        text = (
+            f"tests: {len(tree)} collected in the tree ({' '.join(TEST_ROOTS)}); the steps collected "
+            f"{len(ran)} of them, {sum(ran.values()) - len(ran)} a second time (ansible-core 2.21, `again`); "
+            f"{len(missing)} in no step"
+        )
+        if missing and len(self.steps) == len(plan([])):
+            text += ": " + ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
+        return text
 
 
 def main() -> int:

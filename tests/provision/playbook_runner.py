@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,9 @@ class PlaybookRun:
         return tasks
 
 
+# The provisioned container that the files which only read one share (tests/provision/conftest.py's
+# default_ct): test_doctor_defaults.py and test_monitor.py.
+DEFAULT_CT_VMID = 150
 # What the stack policy chooses for a new container where the GPU architecture is unknown.
 DEFAULT_PROFILE = "torch211-triton37-fla06"
 TESTBED_CLI = REPO / "testbed" / "testbed"
@@ -76,12 +81,15 @@ def set_gpu_model(model: str | None) -> None:
         raise RuntimeError(f"{' '.join(argv)} failed:\n{r.stdout}\n{r.stderr}")
 
 
-def make_runner(workdir: Path, env: dict[str, str] | None = None) -> Callable[..., PlaybookRun]:
+def make_runner(
+    workdir: Path, env: dict[str, str] | None = None, repo: Path = REPO
+) -> Callable[..., PlaybookRun]:
     """A runner of the repo's playbooks against the testbed, with the testbed's group_vars and the given
     containers: run(name, containers, **extra_vars). `containers` is the first node's list, or a dict
     {node name: list} for several nodes of the testbed's cluster (one inventory host per node). `limit`
     is ansible-playbook's --limit: a node's name runs the node plays only (create, configure, start); `flags`
-    are more of its flags (--check --diff)."""
+    are more of its flags (--check --diff). `repo` is the checkout whose playbooks, roles and collection run
+    (another commit's worktree, for a benchmark's before and after)."""
 
     def run(
         playbook: str,
@@ -95,7 +103,7 @@ def make_runner(workdir: Path, env: dict[str, str] | None = None) -> Callable[..
         inventory.mkdir(exist_ok=True)
         group_vars = inventory / "group_vars"
         if not group_vars.exists():
-            group_vars.symlink_to(REPO / "inventory" / "testbed" / "group_vars")
+            group_vars.symlink_to(repo / "inventory" / "testbed" / "group_vars")
         per_node = containers if isinstance(containers, dict) else {"testbed": containers}
         nodes = {n["name"]: n for n in client.load().nodes}
         hosts = {
@@ -109,7 +117,7 @@ def make_runner(workdir: Path, env: dict[str, str] | None = None) -> Callable[..
         (inventory / "hosts.yml").write_text(
             yaml.safe_dump({"all": {"children": {"pve_hosts": {"hosts": hosts}}}})
         )
-        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks" / playbook)]
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(repo / "playbooks" / playbook)]
         if limit:
             # `--limit <node>`: the node plays only (the containers added at run time are not in the limit).
             argv += ["--limit", limit]
@@ -117,12 +125,36 @@ def make_runner(workdir: Path, env: dict[str, str] | None = None) -> Callable[..
         argv += list(flags)
         if extra:
             argv += ["-e", json.dumps(extra)]
-        run_env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+        run_env = dict(os.environ, ANSIBLE_CONFIG=str(repo / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
         run_env.update(env or {})
         run_env["PATH"] = f"{VENV_BIN}:{run_env['PATH']}"
+        before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
         proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, env=run_env, cwd=REPO, check=False
+            argv, capture_output=True, text=True, timeout=timeout, env=run_env, cwd=repo, check=False
         )
-        return PlaybookRun(proc.returncode, proc.stdout + proc.stderr)
+        result = PlaybookRun(proc.returncode, proc.stdout + proc.stderr)
+        record_run(playbook, result, time.monotonic() - t0, before)
+        return result
 
     return run
+
+
+def record_run(playbook: str, result: PlaybookRun, seconds: float, before: resource.struct_rusage) -> None:
+    """One line per playbook run in the file MLSTACK_TEST_RUN_LEDGER names (tests/lanes.py sets it per
+    step): which test ran what, how long, and the controller CPU it cost, so a step's time can be told
+    apart into its runs."""
+    ledger = os.environ.get("MLSTACK_TEST_RUN_LEDGER")
+    if not ledger:
+        return
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    line = {
+        "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0],
+        "playbook": playbook,
+        "rc": result.rc,
+        "seconds": round(seconds, 2),
+        "controller_cpu": round(cpu, 2),
+        "tasks": result.output.count("\nTASK ["),
+    }
+    with open(ledger, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")

@@ -1,22 +1,20 @@
-"""The doctor typed by hand in a provisioned container (CT 240) checks what provisioning checked: the
-doctor role wrote the container's settings once (/etc/mlstack/doctor.json), and `mlstack-doctor --no-gpu
---json` with no other argument checks the lock the active venv was built from (the default profile,
-torch211-triton37-fla06), its purpose and Triton cache, and names the shipped profile the stack is. The
-same doctor without the settings pins nothing of ours and is green on that stack too; the timers run that
-command too, restating none of the settings."""
+"""The doctor typed by hand in a provisioned container (CT 150, shared with test_monitor.py) checks what
+provisioning checked: the doctor role wrote the container's settings once (/etc/mlstack/doctor.json),
+and `mlstack-doctor --no-gpu --json` with no other argument checks the lock the active venv was built
+from (the default profile, torch211-triton37-fla06), its purpose and Triton cache, and names the shipped
+profile the stack is. The same doctor without the settings pins nothing of ours and is green on that
+stack too; the timers run that command too, restating none of the settings."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from playbook_runner import DEFAULT_PROFILE, PlaybookRun, container
+from playbook_runner import DEFAULT_CT_VMID, DEFAULT_PROFILE, PlaybookRun
 
-VMID = 240
-CT = [container(VMID)]
+VMID = DEFAULT_CT_VMID
 DOCTOR = "/opt/mlstack/venv/bin/mlstack-doctor"
 
 pytestmark = pytest.mark.testbed
@@ -43,15 +41,9 @@ def probe(report: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def provisioned(tmp_path_factory: pytest.TempPathFactory, testbed: Any) -> Iterator[PlaybookRun]:
-    from playbook_runner import make_runner
-    from tbhelpers import remove_ct
-
-    run = make_runner(tmp_path_factory.mktemp("doctor-defaults"))
-    remove_ct(testbed.proxmox(), testbed, VMID)
-    yield run("provision.yml", CT)
-    run("destroy.yml", CT, mlstack_destroy_confirm=True)
-    remove_ct(testbed.proxmox(), testbed, VMID)
+def provisioned(default_ct: tuple[PlaybookRun, Any]) -> PlaybookRun:
+    """CT 150's first provision (conftest.py's default_ct)."""
+    return default_ct[0]
 
 
 def test_the_doctor_role_writes_the_containers_settings(provisioned: PlaybookRun) -> None:
@@ -111,10 +103,12 @@ def test_without_the_settings_the_doctor_pins_nothing_and_names_the_profile(prov
 def test_a_scheduled_run_is_the_same_command(provisioned: PlaybookRun) -> None:
     assert provisioned.rc == 0, provisioned.output[-4000:]
     # The timers stopped, so that no scheduled run interleaves; then the fast tier's run, by hand.
+    # They start again after it: the container is shared (conftest.py's default_ct).
     r = sh(
         "systemctl stop mlstack-doctor-fast.timer mlstack-doctor-quick.timer"
         " && systemctl start mlstack-doctor-fast.service"
-        " && cat /var/lib/mlstack/metrics/doctor-fast.json"
+        " && cat /var/lib/mlstack/metrics/doctor-fast.json;"
+        " rc=$?; systemctl start mlstack-doctor-fast.timer mlstack-doctor-quick.timer && exit $rc"
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     report = json.loads(r.stdout)

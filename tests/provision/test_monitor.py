@@ -1,4 +1,5 @@
-"""The doctor's scheduled runs (roles/doctor_monitor) in a real testbed container (CT 150): provision.yml
+"""The doctor's scheduled runs (roles/doctor_monitor) in a real testbed container (CT 150, shared with
+test_doctor_defaults.py): provision.yml
 installs and schedules them under the container's systemd, a run started by hand writes the Prometheus
 metrics, a second run at once is refused by the lock, a busy GPU makes the daily tier skip with its
 reason in the metrics, another daily tier replaces the old units, and mlstack_monitor: false in the
@@ -16,13 +17,12 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from playbook_runner import PlaybookRun, container
+from playbook_runner import DEFAULT_CT_VMID, PlaybookRun, container
 
-VMID = 150
+VMID = DEFAULT_CT_VMID
 CT = [container(VMID)]
 PROM = "/var/lib/mlstack/metrics/doctor.prom"
 LOCK = "/run/lock/mlstack-doctor-monitor.lock"
@@ -78,20 +78,14 @@ def wait_idle(unit: str, timeout: float = 600) -> str:
 
 
 @pytest.fixture(scope="module")
-def run_playbook_module(tmp_path_factory: pytest.TempPathFactory, testbed: Any) -> Any:
-    from playbook_runner import make_runner
-
-    return make_runner(tmp_path_factory.mktemp("monitor"))
+def run_playbook_module(default_ct: tuple[PlaybookRun, Any]) -> Any:
+    return default_ct[1]
 
 
 @pytest.fixture(scope="module")
-def first_run(run_playbook_module: Any, testbed: Any) -> Iterator[PlaybookRun]:
-    from tbhelpers import remove_ct
-
-    remove_ct(testbed.proxmox(), testbed, VMID)
-    yield run_playbook_module("provision.yml", CT)
-    run_playbook_module("destroy.yml", CT, mlstack_destroy_confirm=True)
-    remove_ct(testbed.proxmox(), testbed, VMID)
+def first_run(default_ct: tuple[PlaybookRun, Any]) -> PlaybookRun:
+    """CT 150's first provision (conftest.py's default_ct, which test_doctor_defaults.py reads too)."""
+    return default_ct[0]
 
 
 def test_provision_enables_and_schedules_the_runs(first_run: PlaybookRun) -> None:
@@ -265,3 +259,7 @@ def test_opting_out_removes_the_runs(first_run: PlaybookRun, run_playbook_module
         f"ls /etc/systemd/system/mlstack-doctor-* /usr/local/sbin/mlstack-doctor-monitor {PROM} 2>&1 || true"
     )
     assert left.count("No such file or directory") == 3, left
+    # CT 150 is shared (conftest.py's default_ct): its default entry schedules the runs again.
+    back = run_playbook_module("provision.yml", CT)
+    assert back.rc == 0, back.output[-4000:]
+    assert ok(f"systemctl is-enabled {' '.join(UNITS)}").split() == ["enabled", "enabled"]

@@ -60,3 +60,27 @@ def test_the_cpu_share_counts_work_done_while_it_ran() -> None:
     assert lanes.cpu_busy_seconds() - busy0 >= 0.4
     share = lanes.busy_share(busy0, t0)
     assert share.startswith("CPU ") and f"of {os.cpu_count()} cores" in share, share
+
+
+def test_the_tree_collects_as_one_run() -> None:
+    """`make test` counts the tree's tests in one collection (beside the steps' own) to show that none is
+    left out: two test files of one basename would stop that collection ("import file mismatch")."""
+    names = [Path(p).name for p in TEST_FILES]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    assert not twice, [p for p in TEST_FILES if Path(p).name in twice]
+
+
+def test_the_report_names_a_test_that_no_step_collected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lanes, "LOGS", tmp_path)
+    steps = lanes.plan([])
+    runner = lanes.Runner(steps, [], 1)
+    runner.tree.write_text("a.py::t1\na.py::t2\nb.py::t3\n")
+    steps[0].collected.parent.mkdir(parents=True)
+    steps[0].collected.write_text("a.py::t1\nb.py::t3\n")
+    steps[1].collected.parent.mkdir(parents=True)
+    steps[1].collected.write_text("b.py::t3\n")
+    text = runner.coverage()
+    assert "3 collected in the tree" in text and "collected 2 of them, 1 a second time" in text, text
+    assert text.endswith("1 in no step: a.py::t2"), text

@@ -1,5 +1,5 @@
 """Which code a GPU-side probe names, given what its worker answered (the worker is the stubbed boundary;
-the answers are the ones recorded on an H200: testbed/results/h200-2026-11-30/doctor-fault-node.json)."""
+the answers are the ones recorded on an H200: results/h200-2026-11-30-passthrough/doctor-fault-node.json)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from mlstack_doctor.diagnosis import match
 from mlstack_doctor.probes import gpu
 from mlstack_doctor.record import Result, Stage, Status, failed, passed
 
-# Seen on the H200 (torch 2.11.0+cu130, triton 3.6.0, driver 580.159.04): bench/results-h200-2026-12-02/
+# Seen on the H200 (torch 2.11.0+cu130, triton 3.6.0, driver 580.159.04): results/h200-2026-12-02-doctor/
 H200_TEXTS = [
     (
         "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "

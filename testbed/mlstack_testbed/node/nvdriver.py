@@ -31,7 +31,7 @@ from .. import paths
 from ..proc import run
 
 VERSION_RE = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?")
-# How an open kernel module words its first line (as on the H200 of testbed/results).
+# How an open kernel module words its first line (as on the H200 of results/h200-2026-11-30-passthrough).
 PROC_VERSION_TEXT = (
     "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  (mlstack-testbed)  \n"
     "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n"

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Before and after, in one run on one machine: the same playbook runs from another commit's checkout
+(--baseline, a git worktree) and from this one, back to back, with the ratios.
+
+  .venv/bin/python bench/speed_bench.py --baseline REV [--skip-fleet] [--json out.json] [--logs DIR]
+
+Needs the testbed up with 3 nodes (`make testbed`) and a warm machine (run it after `make provision`:
+the node's uv store holds the stack). Uses vmids 190-197, destroyed at the end. Figures, each as
+baseline / this checkout:
+- first container (1 node x 1, CT 190): provision.yml from scratch;
+- changed=0 rerun of 1 node x 2 containers (CT 190-191): wall seconds, TASK headers printed, changed;
+  each side's rerun follows one rerun of its own (the other side's run may differ in what it writes);
+- 3 nodes x 2 containers first provision (CT 192-197), unless --skip-fleet.
+For every run: wall seconds and the CPU it cost the whole machine (/proc/stat) and the controller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "provision"))
+sys.path.insert(0, str(REPO / "testbed"))
+
+from playbook_runner import PlaybookRun, container, make_runner  # noqa: E402
+
+PAIR = (190, 191)
+FLEET = {"testbed": (192, 193), "testbed2": (194, 195), "testbed3": (196, 197)}
+LOGS: Path | None = None
+
+
+def worktree(rev: str) -> Path:
+    """A checkout of `rev` beside this one, resolvable as the collection mlstack.pve (as `make venv` links
+    this checkout): its own roles, plugins and playbooks run, with this checkout's .venv tools."""
+    sha = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    path = REPO / "build" / f"bench-baseline-{sha[:12]}"
+    if not path.exists():
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), sha], check=True)
+    link = path / ".venv" / "collections" / "ansible_collections" / "mlstack" / "pve"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(path)
+    return path
+
+
+def machine_busy_seconds() -> float:
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def controller_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(runner: Any, playbook: str, cts: Any, label: str) -> dict[str, Any]:
+    busy0, ctl0, t0 = machine_busy_seconds(), controller_seconds(), time.monotonic()
+    run: PlaybookRun = runner(playbook, cts, timeout=3600)
+    fig = {
+        "wall_s": round(time.monotonic() - t0, 1),
+        "machine_cpu_s": round(machine_busy_seconds() - busy0, 1),
+        "controller_cpu_s": round(controller_seconds() - ctl0, 1),
+        "tasks": run.output.count("\nTASK ["),
+        "changed": run.changed(),
+    }
+    if LOGS:
+        (LOGS / f"{label.replace(' ', '_').replace('/', '_')}.log").write_text(run.output)
+    if run.rc != 0:
+        sys.exit(f"{label} failed (rc {run.rc}):\n{run.output[-4000:]}")
+    print(f"  {label:<34} {fig}", flush=True)
+    return fig
+
+
+def both(sides: dict[str, Any], label: str, measure: Any) -> dict[str, dict[str, Any]]:
+    out = {}
+    for side, runner in sides.items():
+        out[side] = measure(runner, f"{label} ({side})")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--baseline", required=True, help="the commit to compare with (a tag, branch or sha)")
+    parser.add_argument("--skip-fleet", action="store_true", help="leave out the 3 nodes x 2 containers runs")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--logs", type=Path, help="keep each playbook's output here")
+    args = parser.parse_args()
+    global LOGS
+    LOGS = args.logs
+    if LOGS:
+        LOGS.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="mlstack-speed-"))
+    base = worktree(args.baseline)
+    sides = {
+        "baseline": make_runner(work / "baseline", repo=base),
+        "this": make_runner(work / "this"),
+    }
+    for folder in ("baseline", "this"):
+        (work / folder).mkdir()
+    this = sides["this"]
+    pair = [container(v) for v in PAIR]
+    fleet = {node: [container(v) for v in vmids] for node, vmids in FLEET.items()}
+    fig: dict[str, Any] = {"baseline": args.baseline}
+
+    def first(runner: Any, label: str) -> dict[str, Any]:
+        this("destroy.yml", pair[:1], mlstack_destroy_confirm=True)
+        return timed(runner, "provision.yml", pair[:1], label)
+
+    def rerun(runner: Any, label: str) -> dict[str, Any]:
+        timed(runner, "provision.yml", pair, f"{label} to settle")
+        return timed(runner, "provision.yml", pair, label)
+
+    def fleet_first(runner: Any, label: str) -> dict[str, Any]:
+        this("destroy.yml", fleet, mlstack_destroy_confirm=True)
+        return timed(runner, "provision.yml", fleet, label)
+
+    try:
+        print("first container, 1 node x 1:", flush=True)
+        fig["first_container"] = both(sides, "first container", first)
+        this("provision.yml", pair)
+        print("changed=0 rerun, 1 node x 2:", flush=True)
+        fig["rerun_1x2"] = both(sides, "rerun 1x2", rerun)
+        if not args.skip_fleet:
+            this("destroy.yml", pair, mlstack_destroy_confirm=True)
+            print("first provision, 3 nodes x 2:", flush=True)
+            fig["first_3x2"] = both(sides, "first 3x2", fleet_first)
+    finally:
+        this("destroy.yml", pair, mlstack_destroy_confirm=True)
+        if not args.skip_fleet:
+            this("destroy.yml", fleet, mlstack_destroy_confirm=True)
+
+    print(f"\nbaseline {args.baseline} / this checkout:")
+    for name in ("first_container", "rerun_1x2", "first_3x2"):
+        if name in fig:
+            b, t = fig[name]["baseline"], fig[name]["this"]
+            ratio = b["wall_s"] / t["wall_s"]
+            print(
+                f"  {name:<16} wall {b['wall_s']:7.1f} / {t['wall_s']:7.1f} s = {ratio:5.2f}x"
+                f"  machine CPU {b['machine_cpu_s']:7.1f} / {t['machine_cpu_s']:7.1f} s"
+                f"  tasks {b['tasks']} / {t['tasks']}  changed {b['changed']} / {t['changed']}"
+            )
+    if args.json:
+        args.json.write_text(json.dumps(fig, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -31,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "provision"))
 sys.path.insert(0, str(REPO / "testbed"))
 
+from fleet_bench import controller_seconds, machine_busy_seconds  # noqa: E402
 from playbook_runner import PlaybookRun, container, make_runner  # noqa: E402
 
 PAIR = (190, 191)
@@ -55,17 +54,6 @@ def worktree(rev: str) -> Path:
     if not link.is_symlink():
         link.symlink_to(path)
     return path
-
-
-def machine_busy_seconds() -> float:
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def controller_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def timed(runner: Any, playbook: str, cts: Any, label: str) -> dict[str, Any]:

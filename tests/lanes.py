@@ -158,6 +158,19 @@ PLAN = [
 ]
 
 
+# Where a step's log says what failed first: Ansible's failed task, pytest's first failure. A step that
+# retries or cleans up after it (molecule destroys again) prints its cause far from its last lines.
+FIRST_FAILURE = re.compile(r"fatal: \[|\[ERROR\]: Task failed|^_{5,} test|^E {3}")
+
+
+def first_failure(lines: list[str], tail: int, context: int = 40) -> str:
+    """The lines from the first failure in a log on, when they lie before its last `tail` lines."""
+    for i, line in enumerate(lines[: max(len(lines) - tail, 0)]):
+        if FIRST_FAILURE.search(line):
+            return "\n".join(lines[max(i - 5, 0) : i + context])
+    return ""
+
+
 def plan(extra: list[str]) -> list[Step]:
     """Every step in priority order: the 2.21 reruns right after the steps whose vmids they wait for."""
     cut = next(i for i, s in enumerate(PLAN) if s.name == "bad-input") + 1
@@ -389,7 +402,11 @@ class Runner:
         self.say(self.coverage())
         for s in failed:
             if s.rc is not None:
-                tail = "\n".join(s.log.read_text(errors="replace").splitlines()[-60:])
+                lines = s.log.read_text(errors="replace").splitlines()
+                first = first_failure(lines, tail=60)
+                if first:
+                    print(f"\n----- {s.name}: its first failure, in {s.log}:\n{first}", flush=True)
+                tail = "\n".join(lines[-60:])
                 print(f"\n----- {s.name} failed (exit {s.rc}); last lines of {s.log}:\n{tail}", flush=True)
         passed = len(self.steps) - len(failed)
         self.say(f"{passed}/{len(self.steps)} steps passed; all along: {busy_share(self.busy0, self.t0)}")

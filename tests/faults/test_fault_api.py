@@ -6,12 +6,14 @@ away."""
 
 from __future__ import annotations
 
+import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from faultlib import Link, fault_env, one_line, venv_works
+from faultlib import HERE, PY, Link, fault_env, one_line, venv_works
 from playbook_runner import container
 from tbhelpers import ct_exists
 
@@ -77,3 +79,45 @@ def test_api_down_before_and_during_a_run(
     again = runner("provision.yml", [shared_ct], **via_link)
     assert again.rc == 0, again.output[-4000:]
     assert again.changed() == 0, again.changed_tasks()
+
+
+@pytest.mark.slow
+def test_destroy_reads_again_when_the_api_drops_out(
+    runner: Any, api: Any, testbed: Any, api_link: Link, tmp_path: Path, fresh_vmid: Any
+) -> None:
+    """The API gone as destroy.yml reads the node's guests, back two seconds later (what a guest removed
+    between PVE's listing and its config read also looks like: the read fails once): the read is made
+    again and the container is removed."""
+    from tbhelpers import wait_ok
+
+    vmid = fresh_vmid(166)
+    lxc = api.nodes(testbed.node).lxc
+    wait_ok(
+        api,
+        testbed,
+        lxc.post(vmid=vmid, ostemplate=testbed.template, storage=testbed.storage, tags="mlstack"),
+    )
+    back = (
+        f"(sleep 2; {PY} {HERE / 'tcpproxy.py'} {api_link.port} {api_link.target} >/dev/null"
+        f" & echo $! > {api_link.pidfile}) &"
+    )
+    mark = tmp_path / "fault.mark"
+    env = fault_env("Read the guests on the node", f"{api_link.cut_command()}; {back}", mark, when="start")
+    try:
+        gone = runner(
+            "destroy.yml",
+            [container(vmid, hostname="fault-166")],
+            env=env,
+            mlstack_destroy_confirm=True,
+            mlstack_pve_api_port=api_link.port,
+            gpu_container_api_retries=5,
+            gpu_container_api_retry_delay=2,
+        )
+    finally:
+        subprocess.run(f"kill $(cat {api_link.pidfile}) 2>/dev/null", shell=True, check=False)
+    assert mark.exists(), "the fault did not fire"
+    assert gone.rc == 0, gone.output[-4000:]
+    assert re.search(r"FAILED - RETRYING: \[testbed[^]]*\]: .*Read the guests on the node", gone.output), (
+        gone.output[-4000:]
+    )
+    assert not ct_exists(api, testbed.node, vmid)

@@ -174,6 +174,29 @@ def test_a_second_run_at_once_is_refused_by_the_lock(first_run: PlaybookRun) -> 
     assert got['mlstack_doctor_probe_ok{tier="quick",probe="model_config",stage="model",code=""}'] == 1
 
 
+def test_a_run_started_by_hand_waits_for_the_lock(first_run: PlaybookRun) -> None:
+    # What docs/monitoring.md's `systemctl start mlstack-doctor-quick.service` meets when a fast run is
+    # under way: it waits for it, then writes its own verdict, instead of vanishing without one.
+    quick_before = samples(ok(f"cat {PROM}"))['mlstack_doctor_last_run_timestamp_seconds{tier="quick"}']
+    ok(f"systemd-run --unit=lock-holder --quiet flock {LOCK} sleep 6")
+    try:
+        # flock starts its command once it holds the lock.
+        deadline = time.monotonic() + 30
+        while not sh('pgrep -x sleep -P "$(systemctl show -p MainPID --value lock-holder.service)"').stdout:
+            assert time.monotonic() < deadline, "the lock holder did not take the lock"
+            time.sleep(0.2)
+        since = time.time() - 1
+        ok("systemctl start mlstack-doctor-quick.service", timeout=600)
+        said = journal("mlstack-doctor-quick.service", since)
+        assert f"another doctor run holds {LOCK}; waiting for it" in said, said
+        assert "passed: metrics in" in said, said
+    finally:
+        sh("systemctl stop lock-holder.service")
+    got = samples(ok(f"cat {PROM}"))
+    assert got['mlstack_doctor_last_run_timestamp_seconds{tier="quick"}'] > quick_before, got
+    assert got['mlstack_doctor_ok{tier="quick"}'] == 1
+
+
 def test_a_busy_gpu_skips_the_daily_run_with_the_reason(first_run: PlaybookRun) -> None:
     quick_run = samples(ok(f"cat {PROM}"))['mlstack_doctor_last_run_timestamp_seconds{tier="quick"}']
     # nvidia-smi answers with a compute process (the service's PATH has /usr/local/bin first).

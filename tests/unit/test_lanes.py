@@ -84,3 +84,17 @@ def test_the_report_names_a_test_that_no_step_collected(
     text = runner.coverage()
     assert "3 collected in the tree" in text and "collected 2 of them, 1 a second time" in text, text
     assert text.endswith("1 in no step: a.py::t2"), text
+
+
+def test_a_failed_step_shows_its_first_failure_when_the_tail_is_elsewhere() -> None:
+    log = [f"line {i}" for i in range(10)]
+    log += [
+        "TASK [gpu_container : Read the guests on the node]",
+        "fatal: [testbed -> localhost]: FAILED! => {}",
+    ]
+    log += [f"cleanup {i}" for i in range(100)]
+    shown = lanes.first_failure(log, tail=60)
+    assert "fatal: [testbed -> localhost]: FAILED!" in shown and "Read the guests on the node" in shown
+    # Already among the last lines, or no failure at all: nothing more to show.
+    assert lanes.first_failure(log[:20], tail=60) == ""
+    assert lanes.first_failure([f"ok {i}" for i in range(200)], tail=60) == ""

@@ -1,7 +1,8 @@
 # One scheduled doctor run (mlstack-doctor-<tier>.service): writes the Prometheus metrics to
 # $metrics_dir/doctor.prom (the last run of each tier) and the report beside it.
-# - One run at a time (flock): the tiers share the GPUs and the metrics file. A run that finds the lock
-#   held skips and says so; the holder writes the metrics.
+# - One run at a time (flock): the tiers share the GPUs and the metrics file. A fast run that finds the
+#   lock held skips and says so (the holder writes the metrics); a run of another tier waits for it, the
+#   wait counted in its TIMEOUT_S.
 # - Bounded: the doctor is stopped after TIMEOUT_S (and systemd's TimeoutStartSec stops this script).
 # - A tier other than fast skips while a job holds the GPUs (it would allocate GPU memory beside the
 #   job), unless doctor_monitor_when_busy; the skip is written to the metrics with its reason. The fast
@@ -26,8 +27,24 @@ say() {
 mkdir -p -- "$metrics_dir"
 exec 9>"$lock"
 if ! flock -n 9; then
-    say "another doctor run holds $lock; skipping this one (that run writes the metrics)"
-    exit 0
+    # The fast tier runs again within minutes: it skips. Any other tier runs once a day or was started by
+    # hand ("a run now"): it waits for the holder rather than vanish without a verdict.
+    if [ "$tier" = fast ]; then
+        say "another doctor run holds $lock; skipping this one (that run writes the metrics)"
+        exit 0
+    fi
+    # The wait counts against this run's own limit, so the unit's bound holds.
+    say "another doctor run holds $lock; waiting for it (within this run's ${limit}s)"
+    waited_from=$(date +%s)
+    if ! flock -w "$limit" 9; then
+        say "$lock still held after ${limit}s; skipping this one (the holder writes the metrics)" >&2
+        exit 0
+    fi
+    limit=$((limit - ($(date +%s) - waited_from)))
+    if [ "$limit" -le 0 ]; then
+        say "the lock came too late to run within the limit; skipping this one" >&2
+        exit 0
+    fi
 fi
 
 # The active venv, resolved: its doctor checks the lock it was built from (its name, profile and lock

@@ -132,10 +132,14 @@ PLAN = [
     ),
     # One session: CT 160 is provisioned once for the suite, and the secrets grep reads every run's logs.
     Step("faults", ("tests/faults",), vmids=span((160, 189))),
-    # Template download (CT 943-944), README commands (CT 100), monitoring (CT 120) and the provisioned
+    # Template download (CT 943-944), README commands (CT 100), monitoring (CT 120), the provisioned
     # container that the doctor's defaults and the monitoring read (CT 150, shared: conftest.py's
-    # default_ct); vmids 133 and 135-137 kept for new files.
-    Step("provision", (PROVISION.rstrip("/"),), vmids=span(100, 120, 133, (135, 137), 150, (943, 944))),
+    # default_ct), snapshots around an upgrade (CT 260-261); vmids 133 and 135-137 kept for new files.
+    Step(
+        "provision",
+        (PROVISION.rstrip("/"),),
+        vmids=span(100, 120, 133, (135, 137), 150, (260, 261), (943, 944)),
+    ),
     # The fleet across the cluster's three nodes (CT 130-132), reruns after changes by hand (CT 138).
     Step(
         "fleet-rerun",

@@ -27,6 +27,8 @@ ROLE_PRIVILEGES = (
     "VM.Config.Memory",
     "VM.Config.Network",
     "VM.Config.Options",
+    "VM.Snapshot",
+    "VM.Snapshot.Rollback",
 )
 # Checks whose 403 names nothing (PVE's raise_perm_exc without an argument), by the call that makes
 # them: the create's VM.Allocate on the guest (pve-container's create_vm; the pool's would do too).

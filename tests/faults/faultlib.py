@@ -44,14 +44,16 @@ def environ(**env: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def fault_env(task: str, cmd: str, mark: Path, when: str = "ok") -> dict[str, str]:
-    """Environment that makes tests/faults/callback_plugins/mlstack_fault.py run `cmd` at `task`."""
+def fault_env(task: str, cmd: str, mark: Path, when: str = "ok", on_retry: str = "") -> dict[str, str]:
+    """Environment that makes tests/faults/callback_plugins/mlstack_fault.py run `cmd` at `task` (and
+    `on_retry` when that task is first retried)."""
     return {
         "ANSIBLE_CALLBACK_PLUGINS": str(CALLBACKS),
         "ANSIBLE_CALLBACKS_ENABLED": "mlstack_fault",
         "MLSTACK_FAULT_TASK": task,
         "MLSTACK_FAULT_WHEN": when,
         "MLSTACK_FAULT_CMD": cmd,
+        "MLSTACK_FAULT_RETRY_CMD": on_retry,
         "MLSTACK_FAULT_MARK": str(mark),
     }
 

@@ -85,9 +85,9 @@ def test_api_down_before_and_during_a_run(
 def test_destroy_reads_again_when_the_api_drops_out(
     runner: Any, api: Any, testbed: Any, api_link: Link, tmp_path: Path, fresh_vmid: Any
 ) -> None:
-    """The API gone as destroy.yml reads the node's guests, back two seconds later (what a guest removed
-    between PVE's listing and its config read also looks like: the read fails once): the read is made
-    again and the container is removed."""
+    """The API gone as destroy.yml reads the node's guests, back once that read has failed (what a guest
+    removed between PVE's listing and its config read also looks like: the read fails once): the read is
+    made again and the container is removed."""
     from tbhelpers import wait_ok
 
     vmid = fresh_vmid(166)
@@ -98,11 +98,11 @@ def test_destroy_reads_again_when_the_api_drops_out(
         lxc.post(vmid=vmid, ostemplate=testbed.template, storage=testbed.storage, tags="mlstack"),
     )
     back = (
-        f"(sleep 2; {PY} {HERE / 'tcpproxy.py'} {api_link.port} {api_link.target} >/dev/null"
-        f" & echo $! > {api_link.pidfile}) &"
+        f"{PY} {HERE / 'tcpproxy.py'} {api_link.port} {api_link.target} >/dev/null 2>&1 &"
+        f" echo $! > {api_link.pidfile}"
     )
     mark = tmp_path / "fault.mark"
-    env = fault_env("Read the guests on the node", f"{api_link.cut_command()}; {back}", mark, when="start")
+    env = fault_env("Read the guests on the node", api_link.cut_command(), mark, when="start", on_retry=back)
     try:
         gone = runner(
             "destroy.yml",
@@ -115,7 +115,10 @@ def test_destroy_reads_again_when_the_api_drops_out(
         )
     finally:
         subprocess.run(f"kill $(cat {api_link.pidfile}) 2>/dev/null", shell=True, check=False)
-    assert mark.exists(), "the fault did not fire"
+    fired = mark.read_text() if mark.exists() else ""
+    assert re.search(r"^\S+ 0 retry: .*Read the guests on the node$", fired, re.M), (
+        f"did not fire and heal: {fired!r}"
+    )
     assert gone.rc == 0, gone.output[-4000:]
     assert re.search(r"FAILED - RETRYING: \[testbed[^]]*\]: .*Read the guests on the node", gone.output), (
         gone.output[-4000:]

@@ -72,6 +72,23 @@ def container(vmid: int, **fields: Any) -> dict[str, Any]:
     return entry
 
 
+def token_vars(token_id: str, secret_file: Path | str) -> dict[str, str]:
+    """Inventory variables that make a run use an API token instead of the root password; the secret
+    reaches Ansible through a file lookup (as a vault lookup would), never on a command line."""
+    return {
+        "mlstack_pve_api_token_id": token_id,
+        "mlstack_pve_api_token_secret": f"{{{{ lookup('ansible.builtin.file', '{secret_file}') }}}}",
+        # Nothing to fall back on: the token alone must do.
+        "mlstack_pve_api_password": "",
+    }
+
+
+def vars_of_testbed_token(state_dir: Path | str) -> dict[str, str]:
+    """token_vars of the testbed's own token: privilege-separated, granted exactly the docs' role."""
+    info = json.loads((Path(state_dir) / "testbed.json").read_text())
+    return token_vars(info["api_token_id"], info["api_token_secret_file"])
+
+
 def set_gpu_model(model: str | None) -> None:
     """What the testbed node's nvidia-smi reports: a recorded GPU model, or no driver (None). Global
     state of the shared testbed: whoever sets a model puts None back."""

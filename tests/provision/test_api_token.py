@@ -25,18 +25,9 @@ from ansible_collections.mlstack.pve.plugins.module_utils import pve_errors
 from mlstack_testbed import paths
 from mlstack_testbed.lxc import realct
 from mlstack_testbed.node import access
-from playbook_runner import PlaybookRun, container
+from playbook_runner import PlaybookRun, container, token_vars
 from proxmoxer.core import ResourceException
 from tbhelpers import ct_exists, remove_ct
-
-
-def token_vars(token_id: str, secret_file: Path | str) -> dict[str, str]:
-    return {
-        "mlstack_pve_api_token_id": token_id,
-        "mlstack_pve_api_token_secret": f"{{{{ lookup('ansible.builtin.file', '{secret_file}') }}}}",
-        # Nothing to fall back on: the token alone must do.
-        "mlstack_pve_api_password": "",
-    }
 
 
 def secret_file(path: Path, secret: str) -> Path:

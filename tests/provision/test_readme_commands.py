@@ -59,6 +59,10 @@ SKIP = {
         "rebuilds CT 100's stack for another profile and back (minutes, gigabytes of wheels); "
         "tests/provision/test_upgrade.py runs upgrade.yml and rollback.yml on a container of its own"
     ),
+    ("docs/day-two.md", "mlstack_upgrade_snapshot=true"): (
+        "rebuilds CT 100's stack, then restores a snapshot (minutes, gigabytes of wheels); "
+        "tests/provision/test_snapshots.py runs both on a container of its own, on a snapshot-capable storage"
+    ),
     ("docs/doctor.md", "mlstack-doctor --tier full"): (
         "for a container with GPUs: the testbed's have none, so there is nothing to warm or to race"
     ),

@@ -259,3 +259,58 @@ def wait_stopped(vmid: int, timeout: float) -> bool:
             return True
         time.sleep(0.5)
     return False
+
+
+# ------------------------------------------------------------------------ snapshots
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    """cp -a as root: owners (the unprivileged container's shifted ids), modes, links, xattrs kept."""
+    r = run(["cp", "-a", "--reflink=auto", str(src), str(dst)], timeout=1800)
+    if not r.ok:
+        shutil.rmtree(dst, ignore_errors=True)
+        raise RealCtError(f"unable to copy {src} to {dst}: {r.detail()}")
+
+
+def snapshot_rootfs(vmid: int, dest: Path) -> None:
+    """Copy the container's rootfs to dest/rootfs, the container frozen meanwhile when it runs (PVE
+    freezes a running container for its snapshot too)."""
+    if hostroot.is_hostroot(vmid):
+        raise RealCtError("snapshot feature is not available: the rootfs is the machine's own root")
+    if dest.exists():
+        raise RealCtError(f"snapshot copy {dest} already exists")
+    dest.mkdir(parents=True)
+    frozen = state(vmid)[0] == "running" and run(["lxc-freeze", "-n", str(vmid)], timeout=30).ok
+    try:
+        _copy_tree(rootfs_dir(vmid), dest / "rootfs")
+    except RealCtError:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    finally:
+        if frozen:
+            run(["lxc-unfreeze", "-n", str(vmid)], timeout=30)
+
+
+def restore_rootfs(vmid: int, src: Path) -> None:
+    """Put the copy src/rootfs back as the STOPPED container's rootfs (the copy stays, for another
+    rollback); the replaced rootfs is removed only once the copy is in place."""
+    if not (src / "rootfs").is_dir():
+        raise RealCtError(f"snapshot copy {src / 'rootfs'} does not exist")
+    if state(vmid)[0] == "running":
+        raise RealCtError("container is running")
+    root = rootfs_dir(vmid)
+    incoming = root.with_name("rootfs.rollback")
+    shutil.rmtree(incoming, ignore_errors=True)
+    _copy_tree(src / "rootfs", incoming)
+    old = root.with_name("rootfs.replaced")
+    shutil.rmtree(old, ignore_errors=True)
+    root.rename(old)
+    incoming.rename(root)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def drop_snapshot_copies(where: Path) -> None:
+    """Remove snapshot copies (one snapshot's folder, or a container's folder of them)."""
+    shutil.rmtree(where, ignore_errors=True)
+    if where.exists():
+        raise RealCtError(f"unable to remove {where}")

@@ -49,6 +49,10 @@ PROVISION_PRIVILEGES = (
     "VM.Config.Memory",  # memory, swap
     "VM.Config.Network",  # hostname, net0
     "VM.Config.Options",  # tags, description, onboot
+    # upgrade.yml -e mlstack_upgrade_snapshot=true: take and prune the project's snapshots
+    "VM.Snapshot",
+    # rollback.yml -e mlstack_rollback_to_snapshot=true
+    "VM.Snapshot.Rollback",
 )
 PROVISION_ACL_PATHS = ("/vms", f"/storage/{paths.STORAGE}", f"/sdn/zones/localnetwork/{paths.BRIDGE}")
 # PVE's built-in roles the testbed knows; others come from POST /access/roles.

@@ -6,7 +6,11 @@ fakepve keeps PVE's schema, rules and wording; this subclass adds the real side:
 - config PUT and create refuse a devN path that is not a device node on the host (PVE's check, which
   fakepve lacks), and rewrite the real LXC config;
 - status and lists read the real state (real state wins whenever no task holds the container);
-- the containers' API state is saved to the state dir after each change and reloaded at start;
+- snapshot / rollback / delete-snapshot tasks on a container whose disks are on a snapshot-capable
+  storage (fakepve refuses the others with PVE's "snapshot feature is not available") keep a real copy
+  of its rootfs under the state dir's snapshots/<vmid>/<name>, put it back, and remove it;
+- the containers' API state, snapshots included, is saved to the state dir after each change and
+  reloaded at start;
 - API tokens, roles, ACL entries and PVE's permission checks come from access.PveAccess, its
   /access endpoints from access_api.AccessApi.
 """
@@ -35,6 +39,11 @@ TEMPLATE_SUFFIXES = (".tar.zst", ".tar.gz", ".tar.xz")
 # What PVE sets on a running container's cgroup when its config changes (the rest is config only).
 LIVE_LIMITS = ("memory", "swap", "cores")
 FORMATS = {".tar.zst": "tzst", ".tar.gz": "tgz", ".tar.xz": "txz"}
+# A second storage, type btrfs, for containers that take snapshots. It stands in for a btrfs storage:
+# a plain folder, the snapshots real copies of the container's rootfs (cp -a) instead of btrfs subvolume
+# snapshots. 'local' (type dir) cannot snapshot, as on PVE.
+SNAPSHOT_STORAGE = "local-btrfs"
+SNAPSHOT_STORAGE_DIR = paths.STATE_DIR / "storage" / SNAPSHOT_STORAGE
 
 
 class TestbedPve(AccessApi, FakePve):
@@ -65,9 +74,21 @@ class TestbedPve(AccessApi, FakePve):
                 "volumes": {},
                 "path": str(paths.LOCAL_STORAGE),
                 "avail": 50 * 1024**3,
-            }
+            },
+            SNAPSHOT_STORAGE: {
+                "type": "btrfs",
+                "active": 1,
+                "content": "rootdir,images",
+                "files": set(),
+                "volumes": {},
+                "path": str(SNAPSHOT_STORAGE_DIR),
+                "avail": 50 * 1024**3,
+            },
         }
         self.state_file = state_file
+        # Each snapshot's rootfs copy: <snapshot_dir>/<vmid>/<name>/rootfs, beside the API's state.
+        self.snapshot_dir = state_file.parent / "snapshots"
+        self._rollback_start: dict[int, bool] = {}
         self._create_templates: dict[int, str] = {}
         self._shutdown_args: dict[int, tuple[int, bool]] = {}
         self._loading = False
@@ -191,6 +212,9 @@ class TestbedPve(AccessApi, FakePve):
             "vzshutdown": self._real_shutdown,
             "vzreboot": self._real_reboot,
             "vzdestroy": self._real_destroy,
+            "vzsnapshot": self._real_snapshot,
+            "vzrollback": self._real_rollback,
+            "vzdelsnapshot": self._real_delsnapshot,
         }.get(ttype)
         if hook is None or not isinstance(vm, FakeCt):
             return await super().task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)
@@ -259,8 +283,81 @@ class TestbedPve(AccessApi, FakePve):
         note = await body()
         try:
             await asyncio.to_thread(realct.destroy, ct.vmid)
+            await asyncio.to_thread(realct.drop_snapshot_copies, self.snapshot_dir / str(ct.vmid))
         except realct.RealCtError as e:
             raise TaskError(str(e)) from e
+        return note
+
+    # ------------------------------------------------------------- snapshots
+
+    def snapshot_copy(self, vmid: int, name: str) -> Path:
+        """The folder holding the real copy of snapshot `name` of container `vmid`."""
+        return self.snapshot_dir / str(vmid) / name
+
+    async def _real_snapshot(self, ct: FakeCt, body: Body, tasklog: list[str]) -> Any:
+        # fakepve's body checks the storage, the name and the locks, and records the snapshot.
+        before = set(ct.snapshots)
+        note = await body()
+        for name in set(ct.snapshots) - before:
+            ct.lock = "snapshot"
+            try:
+                await asyncio.to_thread(realct.snapshot_rootfs, ct.vmid, self.snapshot_copy(ct.vmid, name))
+            except (realct.RealCtError, OSError) as e:
+                parent = ct.snapshots.pop(name).get("parent")
+                if parent:
+                    ct.config["parent"] = parent
+                else:
+                    ct.config.pop("parent", None)
+                raise TaskError(f"snapshot '{name}' failed: {e}") from e
+            finally:
+                ct.lock = None
+        return note
+
+    async def _lxc_rollback(self, user: str, v: dict[str, Any]) -> Any:
+        # The start after a rollback is the real container's: fakepve's body only restores the config.
+        vmid, start = int(v["vmid"]), bool(int(v.get("start") or 0))
+        if start:
+            self.require(user, f"/vms/{vmid}", "VM.PowerMgmt")
+        self._rollback_start[vmid] = start
+        try:
+            return await super()._lxc_rollback(user, {**v, "start": 0})
+        except Exception:
+            self._rollback_start.pop(vmid, None)
+            raise
+
+    async def _real_rollback(self, ct: FakeCt, body: Body, tasklog: list[str]) -> Any:
+        start = self._rollback_start.pop(ct.vmid, False)
+        # fakepve's body checks the snapshot and restores the PVE config (its 'parent' names the snapshot).
+        note = await body()
+        name = str(ct.config.get("parent", ""))
+        ct.lock = "rollback"
+        try:
+            await asyncio.to_thread(realct.stop, ct.vmid, None, True)
+            await asyncio.to_thread(realct.restore_rootfs, ct.vmid, self.snapshot_copy(ct.vmid, name))
+            await asyncio.to_thread(realct.write_config, ct.vmid, dict(ct.config))
+        except (realct.RealCtError, lxcconf.PveConfigError, OSError) as e:
+            raise TaskError(f"rollback to snapshot '{name}' failed: {e}") from e
+        finally:
+            ct.lock = None
+            self._reconcile(ct)
+        if start:
+            try:
+                await asyncio.to_thread(realct.start, ct.vmid, dict(ct.config))
+            except (realct.RealCtError, lxcconf.PveConfigError, OSError) as e:
+                tasklog.append(str(e))
+                raise TaskError(f"startup for container '{ct.vmid}' failed") from e
+            finally:
+                self._reconcile(ct)
+        return note
+
+    async def _real_delsnapshot(self, ct: FakeCt, body: Body, tasklog: list[str]) -> Any:
+        before = set(ct.snapshots)
+        note = await body()
+        for name in before - set(ct.snapshots):
+            try:
+                await asyncio.to_thread(realct.drop_snapshot_copies, self.snapshot_copy(ct.vmid, name))
+            except realct.RealCtError as e:
+                raise TaskError(str(e)) from e
         return note
 
     async def _stop_real(self, ct: FakeCt, timeout: int | None) -> None:
@@ -307,6 +404,7 @@ class TestbedPve(AccessApi, FakePve):
                     "node": ct.node,
                     "config": ct.config,
                     "pending": ct.pending,
+                    "snapshots": ct.snapshots,
                     "status": ct.status,
                 }
                 for ct in self.cts
@@ -358,11 +456,24 @@ class TestbedPve(AccessApi, FakePve):
                 defaults=False,
             )
             ct.config.pop("lock", None)
+            ct.snapshots = self._saved_snapshots(vmid, item.get("snapshots") or {}, notes)
             ct.status, ct.pid = status, pid
             if status == "running":
                 ct.started_at = (
                     os.stat(f"/proc/{pid}").st_mtime if pid and Path(f"/proc/{pid}").exists() else None
                 )
+
+    def _saved_snapshots(
+        self, vmid: int, saved: dict[str, Any], notes: list[str]
+    ) -> dict[str, dict[str, Any]]:
+        """The saved snapshots whose real copy is still there (real state wins)."""
+        kept = {}
+        for name, snap in saved.items():
+            if (self.snapshot_copy(vmid, name) / "rootfs").is_dir():
+                kept[name] = dict(snap)
+            else:
+                notes.append(f"CT {vmid}: snapshot {name} has no real copy any more; dropped from the API")
+        return kept
 
     # ------------------------------------------------------- storage content
 

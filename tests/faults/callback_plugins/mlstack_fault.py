@@ -5,6 +5,8 @@ Enabled by the fault suite only (ANSIBLE_CALLBACK_PLUGINS + ANSIBLE_CALLBACKS_EN
   MLSTACK_FAULT_WHEN  `start` (the task is about to run) or `ok` (it has just succeeded; the default)
   MLSTACK_FAULT_CMD   shell command run on the controller, synchronously, before the play goes on
   MLSTACK_FAULT_MARK  file that records when the fault fired (and the command's exit code)
+  MLSTACK_FAULT_RETRY_CMD  optional: run once when that task is retried (the fault healed after the
+                      first failed attempt, whatever the machine's load)
 Callbacks run in the controller's main process, between tasks of the linear strategy, so the fault
 lands after the trigger task and before the next task starts: no timing guesswork.
 """
@@ -40,16 +42,27 @@ class CallbackModule(CallbackBase):
         self._when = os.environ.get("MLSTACK_FAULT_WHEN", "ok")
         self._cmd = os.environ.get("MLSTACK_FAULT_CMD", "")
         self._mark = os.environ.get("MLSTACK_FAULT_MARK", "")
+        self._retry_cmd = os.environ.get("MLSTACK_FAULT_RETRY_CMD", "")
         self._fired = False
+        self._retried = False
 
     def _fire(self, name: str) -> None:
         if self._fired or not self._task or not self._cmd or self._task not in name:
             return
         self._fired = True
-        rc = subprocess.run(self._cmd, shell=True, check=False, timeout=120).returncode
+        self._run(self._cmd, name)
+
+    def _run(self, cmd: str, name: str) -> None:
+        rc = subprocess.run(cmd, shell=True, check=False, timeout=120).returncode
         if self._mark:
             with open(self._mark, "a", encoding="utf-8") as f:
                 f.write(f"{time.time():.3f} {rc} {name}\n")
+
+    def v2_runner_retry(self, result):  # type: ignore[no-untyped-def]
+        name = result._task.get_name()
+        if self._fired and not self._retried and self._retry_cmd and self._task in name:
+            self._retried = True
+            self._run(self._retry_cmd, f"retry: {name}")
 
     def v2_playbook_on_task_start(self, task, is_conditional):  # type: ignore[no-untyped-def]
         if self._when == "start":

@@ -13,6 +13,7 @@ from typing import Any
 
 from ansible_collections.mlstack.pve.plugins.module_utils.driver_userspace import MISMATCH
 from ansible_collections.mlstack.pve.plugins.module_utils.stack_packages import STACK
+from ansible_collections.mlstack.pve.plugins.module_utils.stack_policy import DEFAULT_PURPOSE
 
 # Worst first: one failed probe makes its stage fail.
 _SEVERITY = ("fail", "warn", "pass", "skip")
@@ -54,7 +55,7 @@ def fleet_stack(container: dict[str, Any], choice: dict[str, Any] | None = None)
     return {
         "profile": container.get("profile") or "",
         "extras": list(container.get("extras") or []),
-        "purpose": container.get("purpose") or "training",
+        "purpose": container.get("purpose") or DEFAULT_PURPOSE,
         "profile_from": "inventory" if explicit.get("profile", choice is None) else "policy",
         "extras_from": "inventory" if explicit.get("extras", choice is None) else "policy",
     }

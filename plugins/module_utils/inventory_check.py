@@ -22,6 +22,7 @@ import yaml
 from ansible_collections.mlstack.pve.plugins.module_utils import gpu_selection
 from ansible_collections.mlstack.pve.plugins.module_utils.ct_settings import CREATE_DEFAULTS
 from ansible_collections.mlstack.pve.plugins.module_utils.preflight import path_within
+from ansible_collections.mlstack.pve.plugins.module_utils.stack_policy import DEFAULT_PURPOSE, PURPOSES
 
 _DNS_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$")
 _PVE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]*$")
@@ -102,8 +103,8 @@ def container_fields(host: str, containers: list[dict[str, Any]]) -> list[str]:
             bad.append("extras names of letters, digits and . _ -")
         if isinstance(extras, str):
             bad.append("extras a list of names")
-        if c.get("purpose", "training") not in ("training", "inference"):
-            bad.append("purpose training or inference")
+        if c.get("purpose", DEFAULT_PURPOSE) not in PURPOSES:
+            bad.append(f"purpose {' or '.join(PURPOSES)}")
         if bad:
             out.append(
                 f"Container {c.get('vmid', '?')} on {host}: expected {'; '.join(bad)}."

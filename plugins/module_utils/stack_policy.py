@@ -13,7 +13,9 @@ import os
 import re
 from typing import Any
 
+# What a container is for; the first is the default of an entry that states none.
 PURPOSES = ("training", "inference")
+DEFAULT_PURPOSE = PURPOSES[0]
 ACTIONS = ("add_extra", "refuse", "warn", "note")
 # Packages whose locked versions the rules may test (names normalised as in PEP 503).
 POLICY_PACKAGES = ("torch", "triton", "flash-linear-attention", "fla-core", "nvidia-cuda-runtime")
@@ -226,7 +228,7 @@ def choose_stack(
     who = f"container {container.get('vmid', '?')}" + (
         f" ({container['hostname']})" if container.get("hostname") else ""
     )
-    purpose = container.get("purpose") or "training"
+    purpose = container.get("purpose") or DEFAULT_PURPOSE
     if purpose not in PURPOSES:
         raise ValueError(f"{who}: purpose {purpose!r} is not one of {', '.join(PURPOSES)}")
     known = list_profiles(profiles_dir)

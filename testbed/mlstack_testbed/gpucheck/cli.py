@@ -71,7 +71,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--profile",
         default="",
         help="the stack profile the doctor checks versions against (a profiles/<name> folder or its "
-        "uv.lock; default: the doctor's built-in default)",
+        "uv.lock; default: none: the doctor pins nothing and names the shipped profile the stack matches)",
     )
     p.add_argument("--purpose", default="training", choices=("training", "inference"))
     p.add_argument(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -69,13 +70,13 @@ class Link:
         self.pidfile = Path(f"/tmp/mlstack-faults-link-{self.port}.pid")
         self.restore()
 
+    @property
+    def argv(self) -> list[str]:
+        return [PY, str(HERE / "tcpproxy.py"), str(self.port), str(self.target)]
+
     def restore(self) -> None:
         self.cut()
-        self.proc = subprocess.Popen(
-            [PY, str(HERE / "tcpproxy.py"), str(self.port), str(self.target)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         assert self.proc.stdout.readline().strip() == "ready"
         self.pidfile.write_text(f"{self.proc.pid}\n")
@@ -83,6 +84,11 @@ class Link:
     def cut_command(self) -> str:
         """A shell command that cuts the link (for the fault callback, which runs in ansible-playbook)."""
         return f"kill -9 $(cat {self.pidfile})"
+
+    def restore_command(self) -> str:
+        """A shell command that brings the link back in the background (for the fault callback); close()
+        ends the forwarder it starts."""
+        return f"{shlex.join(self.argv)} >/dev/null 2>&1 & echo $! > {self.pidfile}"
 
     def cut(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -92,6 +98,11 @@ class Link:
 
     def close(self) -> None:
         self.cut()
+        # A forwarder restore_command() started is not this object's child: found by its pidfile.
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(self.pidfile.read_text())
+            if str(HERE / "tcpproxy.py") in Path(f"/proc/{pid}/cmdline").read_text():
+                os.kill(pid, signal.SIGKILL)
         self.pidfile.unlink(missing_ok=True)
 
 

@@ -7,13 +7,12 @@ away."""
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from faultlib import HERE, PY, Link, fault_env, one_line, venv_works
+from faultlib import Link, fault_env, one_line, venv_works
 from playbook_runner import container
 from tbhelpers import ct_exists
 
@@ -97,24 +96,23 @@ def test_destroy_reads_again_when_the_api_drops_out(
         testbed,
         lxc.post(vmid=vmid, ostemplate=testbed.template, storage=testbed.storage, tags="mlstack"),
     )
-    back = (
-        f"{PY} {HERE / 'tcpproxy.py'} {api_link.port} {api_link.target} >/dev/null 2>&1 &"
-        f" echo $! > {api_link.pidfile}"
-    )
     mark = tmp_path / "fault.mark"
-    env = fault_env("Read the guests on the node", api_link.cut_command(), mark, when="start", on_retry=back)
-    try:
-        gone = runner(
-            "destroy.yml",
-            [container(vmid, hostname="fault-166")],
-            env=env,
-            mlstack_destroy_confirm=True,
-            mlstack_pve_api_port=api_link.port,
-            gpu_container_api_retries=5,
-            gpu_container_api_retry_delay=2,
-        )
-    finally:
-        subprocess.run(f"kill $(cat {api_link.pidfile}) 2>/dev/null", shell=True, check=False)
+    env = fault_env(
+        "Read the guests on the node",
+        api_link.cut_command(),
+        mark,
+        when="start",
+        on_retry=api_link.restore_command(),
+    )
+    gone = runner(
+        "destroy.yml",
+        [container(vmid, hostname="fault-166")],
+        env=env,
+        mlstack_destroy_confirm=True,
+        mlstack_pve_api_port=api_link.port,
+        gpu_container_api_retries=5,
+        gpu_container_api_retry_delay=2,
+    )
     fired = mark.read_text() if mark.exists() else ""
     assert re.search(r"^\S+ 0 retry: .*Read the guests on the node$", fired, re.M), (
         f"did not fire and heal: {fired!r}"

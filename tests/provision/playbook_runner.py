@@ -83,10 +83,16 @@ def token_vars(token_id: str, secret_file: Path | str) -> dict[str, str]:
     }
 
 
-def vars_of_testbed_token(state_dir: Path | str) -> dict[str, str]:
-    """token_vars of the testbed's own token: privilege-separated, granted exactly the docs' role."""
+def read_testbed_token(state_dir: Path | str) -> tuple[str, Path]:
+    """The testbed's own token (testbed.json): its id and its secret's file. Privilege-separated, granted
+    exactly the docs' role."""
     info = json.loads((Path(state_dir) / "testbed.json").read_text())
-    return token_vars(info["api_token_id"], info["api_token_secret_file"])
+    return info["api_token_id"], Path(info["api_token_secret_file"])
+
+
+def vars_of_testbed_token(state_dir: Path | str) -> dict[str, str]:
+    """token_vars of the testbed's own token."""
+    return token_vars(*read_testbed_token(state_dir))
 
 
 def set_gpu_model(model: str | None) -> None:

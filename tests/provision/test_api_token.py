@@ -14,7 +14,6 @@ Containers: vmids 940-942 and 962."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from ansible_collections.mlstack.pve.plugins.module_utils import pve_errors
 from mlstack_testbed import paths
 from mlstack_testbed.lxc import realct
 from mlstack_testbed.node import access
-from playbook_runner import PlaybookRun, container, token_vars
+from playbook_runner import PlaybookRun, container, read_testbed_token, token_vars
 from proxmoxer.core import ResourceException
 from tbhelpers import ct_exists, remove_ct
 
@@ -43,8 +42,7 @@ def flat(run: PlaybookRun) -> str:
 
 @pytest.fixture
 def testbed_token(testbed: Any) -> tuple[str, Path]:
-    info = json.loads((Path(testbed.state_dir) / "testbed.json").read_text())
-    return info["api_token_id"], Path(info["api_token_secret_file"])
+    return read_testbed_token(testbed.state_dir)
 
 
 @pytest.fixture

@@ -132,15 +132,25 @@ PLAN = [
     ),
     # One session: CT 160 is provisioned once for the suite, and the secrets grep reads every run's logs.
     Step("faults", ("tests/faults",), vmids=span((160, 189))),
-    # Template download (CT 943-944), README commands (CT 100), monitoring (CT 120) and the provisioned
-    # container that the doctor's defaults and the monitoring read (CT 150, shared: conftest.py's
-    # default_ct); vmids 133 and 135-137 kept for new files.
-    Step("provision", (PROVISION.rstrip("/"),), vmids=span(100, 120, 133, (135, 137), 150, (943, 944))),
-    # The fleet across the cluster's three nodes (CT 130-132), reruns after changes by hand (CT 138).
+    # Template download (CT 943-944), README commands (CT 100), CT 120 for monitoring; vmids 133 and
+    # 135-138 kept for new files.
+    Step("provision", (PROVISION.rstrip("/"),), vmids=span(100, 120, 133, (135, 138), (943, 944))),
+    # One provisioned container (CT 150, conftest.py's default_ct) for the files that check one: the
+    # doctor typed by hand, the scheduled runs, reruns after changes by hand (each puts it back).
     Step(
-        "fleet-rerun",
-        (PROVISION + "test_fleet.py", PROVISION + "test_rerun_state.py"),
-        vmids=span((130, 132), 138),
+        "provisioned",
+        (
+            PROVISION + "test_doctor_defaults.py",
+            PROVISION + "test_monitor.py",
+            PROVISION + "test_rerun_state.py",
+        ),
+        vmids=span(150),
+    ),
+    # The fleet across the cluster's three nodes (CT 130-132); the warm shared across them (CT 270-272).
+    Step(
+        "fleet",
+        (PROVISION + "test_fleet.py", PROVISION + "test_cluster_warm.py"),
+        vmids=span((130, 132), (270, 272)),
     ),
     # CT 139 is the foreign guest of both lifecycle and bad input.
     Step("lifecycle", (PROVISION + "test_lifecycle.py",), vmids=span(128, 139)),

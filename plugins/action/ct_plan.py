@@ -55,6 +55,9 @@ class ActionModule(ActionBase):
         planned["stated"] = stated
         if node:
             planned["create_args"] = ct_settings.create_args(entry, node, str(args.get("profile", "")))
+        # Whether any step (create, configure, start, restart) is needed: a container that needs none is
+        # only connected to.
+        planned["needed"] = any(bool(planned.get(k)) for k in ("create", "configure", "start", "restart"))
         planned["summary"] = describe(vmid, str(node.get("name", "its node")), planned, allow_restart)
         if planned["create"] and args.get("profile"):
             planned["summary"].append(

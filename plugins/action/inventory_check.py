@@ -7,6 +7,8 @@ Runs on the controller only: what the node and the API hold was read before and 
 
 from __future__ import annotations
 
+import os
+import subprocess
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
@@ -15,8 +17,26 @@ from ansible_collections.mlstack.pve.plugins.module_utils import inventory_check
 
 _INPUTS = frozenset(
     {"host", "settings", "containers", "profiles_dir", "choices", "locks", "gpu_nodes", "all_containers"}
-    | {"resolved", "mount_roots", "caches", "guests", "ours", "tag", "missing_nodes"}
+    | {"resolved", "mount_roots", "caches", "guests", "ours", "tag", "missing_nodes", "uv"}
 )
+
+
+def run_uv(argv: list[str]) -> tuple[int, str, str]:
+    """A uv command on the controller, as the command module would run it (never raises)."""
+    try:
+        p = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "UV_NO_PROGRESS": "1"},
+            timeout=300,
+            check=False,
+        )
+    except OSError as e:
+        return 127, "", f"{argv[0]}: {e.strerror or e}"
+    except subprocess.TimeoutExpired:
+        return 124, "", f"{argv[0]}: timed out after 300 s"
+    return p.returncode, p.stdout, p.stderr
 
 
 class ActionModule(ActionBase):
@@ -34,6 +54,14 @@ class ActionModule(ActionBase):
         args.setdefault("host", (task_vars or {}).get("inventory_hostname", ""))
         args.setdefault("containers", [])
         args.setdefault("tag", "mlstack")
+        # `uv` given (and no `locks`): the locks check runs `uv lock --check` here, in process, for each
+        # profile the choices name; an empty `uv` checks none.
+        uv = args.pop("uv", None)
+        if uv is not None and args.get("locks") is None:
+            profiles = [c.get("profile") for c in (args.get("choices") or {}).values() if isinstance(c, dict)]
+            args["locks"] = (
+                check.lock_results(str(uv), str(args.get("profiles_dir")), profiles, run_uv) if uv else {}
+            )
         try:
             errors = check.run_checks(names, args)
         except ValueError as e:

@@ -158,6 +158,18 @@ def resources(containers: list[dict[str, Any]], choices: dict[str, Any], profile
     return out
 
 
+def lock_results(
+    uv: str, profiles_dir: str, profiles: list[str], run: Callable[[list[str]], tuple[int, str, str]]
+) -> dict[str, dict[str, Any]]:
+    """`uv lock --check` of each profile, run on the controller: {profile: {rc, stdout, stderr}}, as
+    `locks` reads them."""
+    out: dict[str, dict[str, Any]] = {}
+    for profile in dict.fromkeys(profiles):
+        rc, stdout, stderr = run([uv, "lock", "--check", "--project", f"{profiles_dir}/{profile}"])
+        out[profile] = {"rc": rc, "stdout": stdout, "stderr": stderr}
+    return out
+
+
 def locks(results: dict[str, dict[str, Any]]) -> list[str]:
     """`uv lock --check` per profile (its command result): a lock behind its pyproject, or not checked."""
     out = []

@@ -88,6 +88,10 @@ restart:
   description: Whether it runs, a change waits for its next start and O(allow_restart) is true.
   type: bool
   returned: always
+needed:
+  description: Whether any of RV(create), RV(configure), RV(start) and RV(restart) is; a container that needs none is only connected to.
+  type: bool
+  returned: always
 set:
   description: Keys that differ or are missing, with the values to set.
   type: dict

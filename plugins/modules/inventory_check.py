@@ -45,6 +45,11 @@ options:
   locks:
     description: C(uv lock --check) results by profile (C(rc), C(stderr), C(msg); skipped ones pass).
     type: dict
+  uv:
+    description:
+      - uv on the controller. Given (and O(locks) not), the V(locks) check runs C(uv lock --check) itself, in
+        process, for each profile O(choices) names; empty, it checks none.
+    type: path
   gpu_nodes:
     description: The node's NVIDIA device nodes; each container's C(gpus) must select among them.
     type: list

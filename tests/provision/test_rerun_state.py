@@ -1,18 +1,17 @@
-"""A rerun of provision.yml on one real testbed container (CT 138) after something inside was changed by
-hand: each role reads its state in one round trip and takes its fast path only when that state matches.
-What differs is named in the role's own line, and only the task that fixes it changes; a venv changed
-since its build (a package installed over the lock, or one removed) is never taken for matching, and is
-built again from the lock."""
+"""A rerun of provision.yml on one real testbed container (CT 150, shared: conftest.py's default_ct)
+after something inside was changed by hand: each role reads its state in one round trip and takes its
+fast path only when that state matches. What differs is named in the role's own line, and only the task
+that fixes it changes; a venv changed since its build (a package installed over the lock, or one
+removed) is never taken for matching, and is built again from the lock."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from playbook_runner import PlaybookRun, container
+from playbook_runner import DEFAULT_CT_VMID, PlaybookRun, container
 
-VMID = 138
+VMID = DEFAULT_CT_VMID
 CT = [container(VMID)]
 VENV = "/opt/mlstack/venv"
 # uv pip as a user would run it over the venv (the shared cache, the index for what it lacks).
@@ -21,18 +20,16 @@ UV = UV_ENV + " /opt/mlstack/tools/bin/uv pip {} --python " + VENV + "/bin/pytho
 
 
 @pytest.fixture(scope="module")
-def run_module(tmp_path_factory: pytest.TempPathFactory, testbed: Any) -> Any:
-    from playbook_runner import make_runner
-
-    return make_runner(tmp_path_factory.mktemp("rerun-state"))
+def run_module(default_ct: tuple[PlaybookRun, Any]) -> Any:
+    return default_ct[1]
 
 
 @pytest.fixture(scope="module")
-def provisioned(run_module: Any) -> Iterator[PlaybookRun]:
-    first = run_module("provision.yml", CT)
+def provisioned(default_ct: tuple[PlaybookRun, Any]) -> PlaybookRun:
+    """CT 150's first provision; each case below leaves it converged again (its rerun fixes what it did)."""
+    first = default_ct[0]
     assert first.rc == 0, first.output[-4000:]
-    yield first
-    run_module("destroy.yml", CT, mlstack_destroy_confirm=True)
+    return first
 
 
 def changed_inside(run: PlaybookRun) -> list[str]:

@@ -363,21 +363,21 @@ def test_the_real_reader_through_lxc_attach(tmp_path: Path, capsys: pytest.Captu
     assert took < 1.5 + 3, "the containers are read at once, a hung one costs its timeout only"
 
 
-# The doctor role's wheel build (its `uv build` task), whose environment a wheel built here shares.
-DOCTOR_BUILD_TASKS = VERIFY.parent / "roles" / "doctor" / "tasks" / "build.yml"
+# The collection's wheel build (module_utils/doctor_wheel.py, behind roles/doctor's build task), whose
+# environment a wheel built here shares. Standard library only: loaded by path, no Ansible needed.
+DOCTOR_WHEEL_UTIL = VERIFY.parent / "plugins" / "module_utils" / "doctor_wheel.py"
 
 
 def doctor_build_env() -> dict[str, str]:
-    """The environment roles/doctor gives `uv build` on the controller (the task's `environment:`, read
-    from the role: defined there only), e.g. the system's CA store for TLS-intercepting proxies."""
-    import yaml  # the controller venv's; only this test needs it
+    """The environment the collection gives `uv build` on the controller (doctor_wheel.BUILD_ENV, defined
+    there only), e.g. the system's CA store for TLS-intercepting proxies."""
+    import importlib.util
 
-    tasks = yaml.safe_load(DOCTOR_BUILD_TASKS.read_text())
-    builds = [t for t in tasks if "--wheel" in (t.get("ansible.builtin.command") or {}).get("argv", [])]
-    assert len(builds) == 1, f"{DOCTOR_BUILD_TASKS}: one `uv build --wheel` task, found {len(builds)}"
-    env = {str(k): str(v) for k, v in (builds[0].get("environment") or {}).items()}
-    assert not [v for v in env.values() if "{{" in v], f"templated values cannot be read here: {env}"
-    return env
+    spec = importlib.util.spec_from_file_location("doctor_wheel", DOCTOR_WHEEL_UTIL)
+    assert spec and spec.loader, DOCTOR_WHEEL_UTIL
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(module.BUILD_ENV)
 
 
 def _wheel(tmp_path: Path) -> Path:

@@ -44,7 +44,8 @@ tiers:
           backward at the training shapes (--seq-len, --batch-size) of a depth-reduced copy of the
           config (same widths), so every autotuned kernel is tuned and on disk before training starts
           several threads; skipped when its cache key (GPU, torch/triton/FLA/transformers, config,
-          shapes) is already warm in TRITON_CACHE_DIR
+          shapes) is already warm in TRITON_CACHE_DIR; with --warm-share, installed from the cluster's
+          cache when it holds the key (checked first), and published to it after a sound warm
   nccl    host probes, then torch.distributed across the GPUs, one spawned process per GPU: the GPUs
           CUDA sees against those passed through, /dev/shm for NCCL, the link type (nvidia-smi topo
           -m), all-reduce and all-gather checked against exact values, and a bus bandwidth sweep
@@ -139,6 +140,22 @@ def build_parser() -> argparse.ArgumentParser:
         "of the active venv, as provisioning lays it out (default: the settings' triton_cache_root)",
     )
     p.add_argument("--rewarm", action="store_true", help="warm tier: warm even when the cache key is warm")
+    p.add_argument(
+        "--warm-share",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIR",
+        help="warm tier: the cluster's cache, <key>.tar.gz + <key>.json per warmed key (without DIR: the "
+        "node's own, <TRITON_CACHE_DIR>/mlstack-share): a cold key it holds is checked and installed instead "
+        "of warmed; a sound warm it lacks is published to it. Runs under --no-gpu too (nothing is warmed)",
+    )
+    p.add_argument(
+        "--warm-plan",
+        action="store_true",
+        help="warm tier: decide, and install what --warm-share holds for the key, but never warm "
+        "(evidence.action 'planned' names the key to fetch)",
+    )
     p.add_argument(
         "--repair",
         action="store_true",
@@ -300,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         nccl_ranks=args.nccl_ranks,
         nccl_timeout=args.nccl_timeout,
         repair=args.repair,
+        warm_share=args.warm_share,
+        warm_plan=args.warm_plan,
     )
     options = {
         "tier": args.tier,
@@ -322,6 +341,11 @@ def main(argv: list[str] | None = None) -> int:
         "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
         "settings": args.settings,
     }
+    # Recorded only when given: the reports and stack fingerprints of runs without them stay as they were.
+    if args.warm_share is not None:
+        options["warm_share"] = args.warm_share
+    if args.warm_plan:
+        options["warm_plan"] = True
     started = render.now()
     try:
         fp = reuse.fingerprint(options)

@@ -33,6 +33,8 @@ class Options:
     nccl_ranks: int | None = None  # gloo: processes (default 2); nccl: at most this many GPUs (default all)
     nccl_timeout: float = 60.0  # seconds each collective (and joining the group) may take
     repair: bool = False  # kernel_caches moves unloadable cache entries aside (inside the cache)
+    warm_share: str | None = None  # the cluster's cache: a folder, "" the node's own in the cache, None off
+    warm_plan: bool = False  # warm tier: decide and install from warm_share, never warm
 
 
 @dataclass

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlstack_doctor import runner, vetting
-from mlstack_doctor.context import Context
+from mlstack_doctor.context import Context, Options
 from mlstack_doctor.probes import caches, gpu, host, model, nccl, packages, process, toolchain, warm
 from mlstack_doctor.record import Result, Stage, Status, skipped
 
@@ -35,6 +35,8 @@ class Probe:
     requires: tuple[str, ...] = ()
     needs_packages: tuple[str, ...] = ()  # distributions that must be installed (package_versions says so)
     gpu: bool = False
+    # A GPU probe that still runs under --no-gpu when this says so (its file work needs no GPU).
+    cpu_part: Callable[[Options], bool] | None = None
     min_tier: str = "quick"
     slow: bool = False
     session: bool = False  # runs in the long-lived GPU worker
@@ -148,6 +150,7 @@ PROBES: tuple[Probe, ...] = (
         ),
         ("torch", "triton", "transformers", "fla-core"),
         gpu=True,
+        cpu_part=lambda o: o.warm_share is not None,  # the cluster's cache is checked and installed
         min_tier="warm",
         slow=True,
         session=True,
@@ -258,7 +261,7 @@ def _root(ctx: Context, dep: str) -> str:
 
 def gate(ctx: Context, probe: Probe) -> Result | None:
     """A skip Result if the probe must not run, else None."""
-    if probe.gpu and not ctx.opts.expect_gpu:
+    if probe.gpu and not ctx.opts.expect_gpu and not (probe.cpu_part and probe.cpu_part(ctx.opts)):
         return skipped(probe.name, probe.stage, "no GPU expected (--no-gpu)")
     s = ctx.session
     if probe.session and s is not None and s.dead and s.died_in in ctx.results:
@@ -273,6 +276,8 @@ def gate(ctx: Context, probe: Probe) -> Result | None:
         res = ctx.results.get(dep)
         if res is None or res.status in (Status.PASS, Status.WARN):
             continue
+        if res.status is Status.SKIP and not ctx.opts.expect_gpu and _is_gpu(dep):
+            continue  # --no-gpu skipped it; a probe that runs anyway (its CPU part) is not gated by it
         if (
             not probe.gpu
             and _is_gpu(dep)

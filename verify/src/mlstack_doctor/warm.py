@@ -190,10 +190,13 @@ def decide(cache_dir: str | Path, parts: dict[str, Any], *, force: bool = False)
 
 
 def entries(cache_dir: str | Path) -> set[str]:
-    """The cache's entries (Triton writes one folder per kernel hash / autotune key)."""
+    """The cache's entries (Triton writes one folder per kernel hash / autotune key); the doctor's own
+    folders (mlstack-warm, mlstack-share, mlstack-quarantine, ...) are not entries."""
     try:
         with os.scandir(cache_dir) as it:
-            return {e.name for e in it if e.is_dir(follow_symlinks=False) and e.name != STAMP_DIR}
+            return {
+                e.name for e in it if e.is_dir(follow_symlinks=False) and not e.name.startswith("mlstack-")
+            }
     except OSError:
         return set()
 

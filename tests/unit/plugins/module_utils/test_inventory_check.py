@@ -288,3 +288,25 @@ def test_a_bare_zero_is_refused_with_the_entrys_own_fields() -> None:
         " inventory entry."
     ]
     assert check.container_fields("testbed", [ct(gpus=[0]), ct(162, gpus="none")]) == []
+
+
+def test_the_locks_are_checked_once_per_profile_with_uv() -> None:
+    calls: list[list[str]] = []
+
+    def uv(argv: list[str]) -> tuple[int, str, str]:
+        calls.append(argv)
+        return (
+            (1, "", "error: The lockfile at `uv.lock` needs to be updated")
+            if "p/b" in argv[-1]
+            else (0, "", "")
+        )
+
+    results = check.lock_results("/uv", "p", ["a", "b", "a"], uv)
+    assert calls == [
+        ["/uv", "lock", "--check", "--project", "p/a"],
+        ["/uv", "lock", "--check", "--project", "p/b"],
+    ]
+    said = check.locks(results)
+    assert len(said) == 1 and said[0].startswith(
+        "Profile b: `uv lock --check` says its uv.lock is out of date"
+    )

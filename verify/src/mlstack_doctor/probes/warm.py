@@ -6,6 +6,12 @@ disk (FLA passes cache_results=True), so one single-thread pass over the trainin
 first real training step race-free. The warm step runs a depth-reduced copy of the model config (same
 widths, one layer of each type: autotune keys depend on widths, not on depth), at the training shapes,
 forward and backward, and skips when its cache key (mlstack_doctor.warm) is already warm.
+
+With --warm-share, the cluster's cache (mlstack_doctor.warm_share): a cold key is installed from the
+share's artifact of that key instead of warmed (checked first; refused, it is warmed here as without a
+share), and a sound warm (passed, backward warmed) the share lacks is published to it. --warm-plan
+decides, and installs what the share holds, but never warms: its caller fetches the artifact of the key
+it names first. Under --no-gpu the key's file work still runs; nothing is warmed.
 """
 
 from __future__ import annotations
@@ -15,12 +21,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mlstack_doctor import runner, warm
+from mlstack_doctor import runner, warm, warm_share
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
-from mlstack_doctor.probes import gpu
+from mlstack_doctor.probes import caches, gpu
 from mlstack_doctor.probes.packages import installed
-from mlstack_doctor.record import Result, Stage, failed, passed
+from mlstack_doctor.record import Result, Stage, Status, failed, passed
 
 NAME, STAGE = "triton_warm", Stage.WARM
 
@@ -30,6 +36,8 @@ def cache_dir() -> str:
 
 
 def _gpus(ctx: Context) -> list[dict[str, Any]]:
+    if not ctx.opts.expect_gpu:  # --no-gpu with a share (the key's file work): no GPU to ask about
+        return []
     if ctx.facts.get("nvml_gpus") is None:  # nvidia_driver did not run (--only): ask NVML now
         ctx.facts["nvml_gpus"] = runner.run_worker("w_nvml.py", {}, timeout=ctx.timeout(60)).data.get("gpus")
     return ctx.facts.get("nvml_gpus") or []
@@ -50,10 +58,42 @@ def setup(ctx: Context) -> tuple[dict[str, Any], dict[str, Any], int]:
     return cfg, parts, int(full or 0)
 
 
+def _share(ctx: Context, cache: str) -> Path | None:
+    """The cluster's cache as this host sees it (--warm-share DIR), the node's own share folder inside the
+    cache (--warm-share alone: the controller's copies land there), or None (no sharing)."""
+    if ctx.opts.warm_share is None:
+        return None
+    return Path(ctx.opts.warm_share) if ctx.opts.warm_share else warm_share.node_share(cache)
+
+
+def _publish(cache: str, key: str, share: Path, ev: dict[str, Any]) -> None:
+    """Publish a sound warm of `key` when the share lacks it; say what was done in `ev`."""
+    if not warm_share.has(share, key):
+        try:
+            ev["published"] = str(warm_share.pack(cache, key, share))
+        except (warm_share.Refused, OSError) as exc:
+            ev["publish_refused"] = str(exc)
+    ev["share_has_key"] = warm_share.has(share, key)
+    if ev["share_has_key"]:
+        ev["share_artifact"] = str(warm_share.artifact_path(share, key))
+
+
+def _warm_already(ctx: Context, summary: str, st: dict[str, Any], action: str, ev: dict[str, Any]) -> Result:
+    if st.get("backward") == "refused":  # the same verdict as the run that stamped it
+        return gpu.backward_refused(ctx, NAME, STAGE, summary, action=action, stamp=st, **ev)
+    return passed(NAME, STAGE, summary, action=action, stamp=st, **ev)
+
+
+def _done_before(st: dict[str, Any]) -> str:
+    tuned = f"{st.get('kernels_tuned')} kernel configs tuned in {st.get('seconds')} s"
+    return f"warmed {st.get('finished')}: {tuned}, backward {st.get('backward')}"
+
+
 def triton_warm(ctx: Context) -> Result:
     cfg, parts, full_layers = setup(ctx)
     cache = cache_dir()
     decision = warm.decide(cache, parts, force=ctx.opts.rewarm)
+    share = _share(ctx, cache)
     shapes = f"seq_len {','.join(map(str, parts['shapes']['seq_lens']))} x batch {parts['shapes']['batch']}"
     depth = f"{cfg.get('num_hidden_layers')} of {full_layers} layers at full width"
     ev: dict[str, Any] = {
@@ -65,16 +105,37 @@ def triton_warm(ctx: Context) -> Result:
         "layers_warmed": cfg.get("num_hidden_layers"),
         "layers_full": full_layers,
     }
+    if share is not None:
+        ev["share_dir"] = str(share)
     if not decision.warm:
         st = decision.stamp or {}
-        summary = (
-            f"skipped: cache key already warm ({decision.key}, warmed {st.get('finished')}: "
-            f"{st.get('kernels_tuned')} kernel configs tuned in {st.get('seconds')} s, "
-            f"backward {st.get('backward')})"
-        )
-        if st.get("backward") == "refused":  # the same verdict as the run that stamped it
-            return gpu.backward_refused(ctx, NAME, STAGE, summary, action="skipped", stamp=st, **ev)
-        return passed(NAME, STAGE, summary, action="skipped", stamp=st, **ev)
+        if share is not None and st.get("backward") == "warmed":
+            _publish(cache, decision.key, share, ev)
+        summary = f"skipped: cache key already warm ({decision.key}, {_done_before(st)})"
+        return _warm_already(ctx, summary, st, "skipped", ev)
+    if share is not None and not ctx.opts.rewarm:
+        if warm_share.has(share, decision.key):
+            artifact = warm_share.artifact_path(share, decision.key)
+            try:
+                st = warm_share.install(
+                    share, decision.key, parts, cache, lambda cubins: caches.driver_refusals(ctx, cubins, ev)
+                )
+            except (warm_share.Refused, OSError) as exc:
+                ev["share_refused"] = f"{exc}: warming locally"
+            else:
+                ev.update(share_has_key=True, share_artifact=str(artifact), installed_from=str(artifact))
+                summary = (
+                    f"skipped: installed from the cluster's cache {artifact}, key {decision.key} "
+                    f"({_done_before(st)})"
+                )
+                return _warm_already(ctx, summary, st, "installed", ev)
+        else:
+            ev["share_note"] = warm_share.nearest(share, parts)
+        ev["share_has_key"] = False
+    if ctx.opts.warm_plan:
+        return passed(NAME, STAGE, f"planned: would warm ({decision.reason})", action="planned", **ev)
+    if not ctx.opts.expect_gpu:  # --no-gpu with a share: the key was checked, nothing can be warmed
+        return Result(NAME, STAGE, Status.SKIP, "no GPU expected (--no-gpu)", ev)
     before = warm.entries(cache)
     args = {
         "config_dict": cfg,
@@ -137,4 +198,6 @@ def triton_warm(ctx: Context) -> Result:
             "are NOT warm",
             **{**data, **ev, "action": "warmed"},
         )
+    if share is not None:
+        _publish(cache, decision.key, share, ev)
     return passed(NAME, STAGE, f"warmed forward+backward: {done}", **{**data, **ev, "action": "warmed"})

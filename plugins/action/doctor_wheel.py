@@ -1,0 +1,50 @@
+"""Action plugin mlstack.pve.doctor_wheel: the doctor's wheel on the controller, built only when its
+sources changed, in process (plugins/modules/doctor_wheel.py documents it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Any
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible_collections.mlstack.pve.plugins.module_utils.doctor_wheel import ensure_wheel
+
+
+def run_build(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    try:
+        p = subprocess.run(
+            argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=600, check=False
+        )
+    except OSError as e:
+        return 127, "", f"{argv[0]}: {e.strerror or e}"
+    except subprocess.TimeoutExpired:
+        return 124, "", f"{argv[0]}: timed out after 600 s"
+    return p.returncode, p.stdout, p.stderr
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(("uv", "src", "dist_dir", "python"))
+
+    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        result = super().run(tmp, task_vars)
+        args = self._task.args
+        uv, src, dist_dir = (str(args.get(k) or "") for k in ("uv", "src", "dist_dir"))
+        if not (uv and src and dist_dir):
+            raise AnsibleActionFail("uv, src and dist_dir are required")
+        if not os.path.isfile(uv):
+            python = args.get("python") or "python3"
+            raise AnsibleActionFail(
+                f"The doctor's wheel is built on the controller with uv, and {uv} does not exist. Install it"
+                f" beside the Python that runs Ansible (`{python} -m pip install uv`; the checkout's"
+                " `make venv` does), or set doctor_controller_uv to its path."
+            )
+        try:
+            found = ensure_wheel(uv, os.path.realpath(src), dist_dir, run_build)
+        except (ValueError, OSError) as e:
+            raise AnsibleActionFail(f"Building the doctor's wheel failed: {e}") from e
+        # Controller build output, not managed state.
+        result.update(changed=False, **found)
+        return result

@@ -4,24 +4,16 @@ sources changed, in process (plugins/modules/doctor_wheel.py documents it)."""
 from __future__ import annotations
 
 import os
-import subprocess
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
+from ansible_collections.mlstack.pve.plugins.module_utils.controller_run import run_command
 from ansible_collections.mlstack.pve.plugins.module_utils.doctor_wheel import ensure_wheel
 
 
 def run_build(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
-    try:
-        p = subprocess.run(
-            argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=600, check=False
-        )
-    except OSError as e:
-        return 127, "", f"{argv[0]}: {e.strerror or e}"
-    except subprocess.TimeoutExpired:
-        return 124, "", f"{argv[0]}: timed out after 600 s"
-    return p.returncode, p.stdout, p.stderr
+    return run_command(argv, env, timeout=600)
 
 
 class ActionModule(ActionBase):

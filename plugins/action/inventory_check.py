@@ -7,13 +7,12 @@ Runs on the controller only: what the node and the API hold was read before and 
 
 from __future__ import annotations
 
-import os
-import subprocess
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible_collections.mlstack.pve.plugins.module_utils import inventory_check as check
+from ansible_collections.mlstack.pve.plugins.module_utils.controller_run import run_command
 
 _INPUTS = frozenset(
     {"host", "settings", "containers", "profiles_dir", "choices", "locks", "gpu_nodes", "all_containers"}
@@ -22,21 +21,8 @@ _INPUTS = frozenset(
 
 
 def run_uv(argv: list[str]) -> tuple[int, str, str]:
-    """A uv command on the controller, as the command module would run it (never raises)."""
-    try:
-        p = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "UV_NO_PROGRESS": "1"},
-            timeout=300,
-            check=False,
-        )
-    except OSError as e:
-        return 127, "", f"{argv[0]}: {e.strerror or e}"
-    except subprocess.TimeoutExpired:
-        return 124, "", f"{argv[0]}: timed out after 300 s"
-    return p.returncode, p.stdout, p.stderr
+    """A uv command on the controller, without its progress bars."""
+    return run_command(argv, {"UV_NO_PROGRESS": "1"})
 
 
 class ActionModule(ActionBase):

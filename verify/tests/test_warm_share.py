@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from mlstack_doctor import cli, engine, kernel_cache, runner, warm, warm_share
 from mlstack_doctor.context import Context, Options
+from mlstack_doctor.files import sha256_of
 from mlstack_doctor.probes import warm as warm_probe
 from mlstack_doctor.record import Status
 from test_kernel_cache import entry
@@ -118,7 +119,7 @@ def _repack(artifact: Path, tmp_path: Path, add: tuple[str, bytes] | None = None
             new.add(extra, arcname=add[0])
     manifest = artifact.with_suffix("").with_suffix(".json")
     doc = json.loads(manifest.read_text())
-    doc["sha256"] = warm_share._sha256(artifact)
+    doc["sha256"] = sha256_of(artifact)
     manifest.write_text(json.dumps(doc))
 
 

@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
+
+
+def sha256_of(path: str | Path) -> str:
+    """The sha256 of a file, read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_json_object(path: str | Path) -> dict[str, Any] | None:
+    """A JSON object from a file, or None where it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def write_atomic(path: str | Path, text: str) -> Path:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mlstack_doctor import __version__
+from mlstack_doctor.files import sha256_of
 from mlstack_doctor.record import Result, Stage, Status
 
 # Tiers whose verdict may be carried: stress and warm act (a race, a cache to fill) and always run.
@@ -43,14 +44,6 @@ STEERING_ENV = (
 )
 TOOLS = ("cc", "gcc", "c++", "g++", "as", "ld", "nvidia-smi")
 MODEL_FILES_MAX = 2000
-
-
-def _file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _stat_line(path: Path) -> str:
@@ -79,7 +72,7 @@ def fingerprint(options: dict[str, Any]) -> str:
     lines += [f"option.{k}={json.dumps(v, sort_keys=True)}" for k, v in sorted(options.items())]
     lock = options.get("profile")
     if lock and os.path.isfile(lock):
-        lines.append(f"lock={_file_sha256(lock)}")
+        lines.append(f"lock={sha256_of(lock)}")
     dists = {
         f"{d.metadata['Name']}=={d.version}@{d.locate_file('')}" for d in importlib.metadata.distributions()
     }

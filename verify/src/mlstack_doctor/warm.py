@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from mlstack_doctor.files import write_atomic
+from mlstack_doctor.files import read_json_object, write_atomic
 
 RECIPE = 1  # bump when what the warm step runs changes: every stamp is then stale
 STAMP_DIR = "mlstack-warm"
@@ -151,21 +151,13 @@ class Decision:
     stamp: dict[str, Any] | None = None
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def decide(cache_dir: str | Path, parts: dict[str, Any], *, force: bool = False) -> Decision:
     """Warm or skip, and why."""
     key = cache_key(parts)
     if force:
         return Decision(True, "--rewarm: warming again whatever the stamp says", key)
     path = stamp_path(cache_dir, key)
-    stamp = _read(path) if path.is_file() else None
+    stamp = read_json_object(path) if path.is_file() else None
     if path.is_file() and stamp is None:
         return Decision(True, f"the stamp {path} is unreadable: warming again", key)
     if stamp is not None:
@@ -179,8 +171,9 @@ def decide(cache_dir: str | Path, parts: dict[str, Any], *, force: bool = False)
                 stamp,
             )
         return Decision(False, "cache key already warm", key, stamp)
+    stamps = (read_json_object(p) for p in (Path(cache_dir) / STAMP_DIR).glob("*.json"))
     others = sorted(
-        (s for s in (_read(p) for p in (Path(cache_dir) / STAMP_DIR).glob("*.json")) if s and "parts" in s),
+        (s for s in stamps if s and "parts" in s),
         key=lambda s: str(s.get("finished", "")),
     )
     if not others:

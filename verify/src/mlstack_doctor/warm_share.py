@@ -19,7 +19,6 @@ Standard library only.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mlstack_doctor import kernel_cache, warm
-from mlstack_doctor.files import write_atomic
+from mlstack_doctor.files import read_json_object, sha256_of, write_atomic
 
 SHARE_DIR = "mlstack-share"  # a node's own share folder inside its cache (the controller's copies land here)
 INCOMING = "mlstack-incoming"  # unpacked and checked here, inside the cache, before entries move into place
@@ -59,22 +58,6 @@ def has(share: str | Path, key: str) -> bool:
     return manifest_path(share, key).is_file() and artifact_path(share, key).is_file()
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -87,7 +70,7 @@ def pack(cache_dir: str | Path, key: str, share: str | Path) -> Path:
     """Publish the warm of `key` in `cache_dir` to `share`; the tarball's path. Refused when the stamp is
     missing, names entries that are gone, or an entry fails the kernel-cache check."""
     cache = Path(cache_dir)
-    stamp = _read_json(warm.stamp_path(cache, key))
+    stamp = read_json_object(warm.stamp_path(cache, key))
     if stamp is None or stamp.get("key") != key:
         raise Refused(f"no readable warm stamp for key {key} in {cache}: nothing to publish")
     entries = [str(e) for e in stamp.get("entries", [])]
@@ -125,7 +108,7 @@ def pack(cache_dir: str | Path, key: str, share: str | Path) -> Path:
         "parts": stamp.get("parts"),
         "stamp": stamp,
         "cache_dir": str(cache),
-        "sha256": _sha256(target),
+        "sha256": sha256_of(target),
         "bytes": target.stat().st_size,
         "files": files,
         "published": _now(),
@@ -149,7 +132,7 @@ def _member_problem(member: tarfile.TarInfo, allowed: set[str]) -> str | None:
 def _repoint_groups(root: Path, old: str, new: str) -> None:
     """Triton's group files list their children by absolute path: point those under `old` to `new`."""
     for grp in root.rglob("__grp__*.json"):
-        data = _read_json(grp)
+        data = read_json_object(grp)
         children = data.get("child_paths") if data else None
         if not isinstance(children, dict):
             continue
@@ -174,7 +157,7 @@ def install(
     tarball = artifact_path(share, key)
     if warm.stamp_path(cache, key).exists():
         raise Refused(f"{cache} already holds a warm stamp for key {key}: not installed over it")
-    manifest = _read_json(manifest_path(share, key))
+    manifest = read_json_object(manifest_path(share, key))
     if manifest is None:
         raise Refused(f"{manifest_path(share, key)} is missing or unreadable: the artifact is incomplete")
     src_parts = manifest.get("parts")
@@ -183,7 +166,7 @@ def install(
     if src_parts != parts:
         raise Refused(f"{tarball} was warmed for other key parts: {'; '.join(warm.diff(src_parts, parts))}")
     try:
-        size, digest = tarball.stat().st_size, _sha256(tarball)
+        size, digest = tarball.stat().st_size, sha256_of(tarball)
     except OSError as exc:
         raise Refused(f"{tarball} cannot be read: {exc}") from None
     if digest != manifest.get("sha256"):
@@ -269,7 +252,7 @@ def _unpack(tarball: Path, key: str, staging: Path) -> dict[str, Any]:
 def nearest(share: str | Path, parts: dict[str, Any]) -> str:
     """What the share holds against `parts`, for a key it has no artifact for: the closest key and what
     differs, or that it holds none."""
-    read = (_read_json(p) for p in sorted(Path(share).glob("*.json")))
+    read = (read_json_object(p) for p in sorted(Path(share).glob("*.json")))
     others = [m for m in read if m and isinstance(m.get("parts"), dict)]
     if not others:
         return f"the cluster's cache {share} holds no warmed key"

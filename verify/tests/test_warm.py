@@ -133,9 +133,7 @@ class FakeSession:
 
     def call(self, op: str, args: dict[str, Any], *, probe: str, timeout: float) -> runner.WorkerResult:
         self.calls.append((op, args))
-        entry = self.cache / f"E{len(self.calls)}"
-        entry.mkdir()
-        (entry / "chunk_fwd_kernel_o.autotune.json").write_text("{}")
+        (self.new_entry() / "chunk_fwd_kernel_o.autotune.json").write_text("{}")
         data: dict[str, Any] = {
             "ok": True,
             "seq_lens": args["seq_lens"],
@@ -150,6 +148,12 @@ class FakeSession:
         if self.backward_error:
             data.update(backward="failed", backward_error=self.backward_error)
         return runner.WorkerResult(runner.RunResult(["w_session.py"], 0, "", "", 2.5), data)
+
+    def new_entry(self) -> Path:
+        """The cache entry this call's kernel lands in."""
+        entry = self.cache / f"E{len(self.calls)}"
+        entry.mkdir()
+        return entry
 
 
 @pytest.fixture

@@ -11,41 +11,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlstack_doctor import cli, engine, kernel_cache, runner, warm, warm_share
+from mlstack_doctor import cli, engine, kernel_cache, warm, warm_share
 from mlstack_doctor.context import Context, Options
 from mlstack_doctor.files import sha256_of
 from mlstack_doctor.probes import warm as warm_probe
 from mlstack_doctor.record import Status
 from test_kernel_cache import entry
-from test_warm import CONFIGS, H200, REFUSAL, VERSIONS
+from test_warm import CONFIGS, H200, REFUSAL, VERSIONS, FakeSession
 
 B200 = [{"index": 0, "name": "NVIDIA B200", "compute_capability": "10.0"}]
 
 
-class TritonSession:
+class TritonSession(FakeSession):
     """Answers the warm request as the worker does, writing a real Triton 3.x entry (group file with
     absolute child paths, metadata, an ELF binary) and the autotune result FLA keeps."""
 
-    started, dead = True, None
-
-    def __init__(self, cache: Path, backward_error: str | None = None) -> None:
-        self.cache, self.backward_error, self.calls = cache, backward_error, 0
-
-    def call(self, op: str, args: dict[str, Any], *, probe: str, timeout: float) -> runner.WorkerResult:
-        self.calls += 1
-        e = entry(self.cache, f"k{self.calls}")
-        (e / "chunk_fwd_kernel_o.autotune.json").write_text("{}")
-        data: dict[str, Any] = {
-            "ok": True,
-            "shapes": [{"seq_len": s, "forward_s": 1.0} for s in args["seq_lens"]],
-            "backward": "warmed",
-            "autotune_files_new": 1,
-            "tuned_kernels": ["chunk_fwd_kernel_o"],
-            "seconds": 2.5,
-        }
-        if self.backward_error:
-            data.update(backward="failed", backward_error=self.backward_error)
-        return runner.WorkerResult(runner.RunResult(["w_session.py"], 0, "", "", 2.5), data)
+    def new_entry(self) -> Path:
+        return entry(self.cache, f"k{len(self.calls)}")
 
 
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, gpus=H200, **opts: Any) -> Context:
@@ -87,7 +69,7 @@ def test_the_next_node_installs_it_and_skips_the_warm(
     key, artifact = published["key"], tmp_path / "share" / f"{published['key']}.tar.gz"
     assert r.status is Status.PASS and r.evidence["action"] == "installed"
     assert r.summary.startswith(f"skipped: installed from the cluster's cache {artifact}, key {key}")
-    assert ctx.session.calls == 0  # type: ignore[union-attr]
+    assert not ctx.session.calls  # type: ignore[union-attr]
     cache = Path(r.evidence["cache_dir"])
     grp = next(cache.rglob("__grp__k1.json"))  # Triton's group file points into THIS cache now
     assert all(p.startswith(str(cache) + "/") for p in json.loads(grp.read_text())["child_paths"].values())
@@ -159,7 +141,7 @@ def test_a_bad_artifact_is_refused_and_the_node_warms_locally(
     ctx = node(tmp_path, monkeypatch, "node2")
     r = warm_probe.triton_warm(ctx)
     assert why in r.evidence["share_refused"] and r.evidence["share_refused"].endswith(": warming locally")
-    assert r.status is Status.PASS and r.evidence["action"] == "warmed" and ctx.session.calls == 1  # type: ignore[union-attr]
+    assert r.status is Status.PASS and r.evidence["action"] == "warmed" and len(ctx.session.calls) == 1  # type: ignore[union-attr]
     cache = Path(r.evidence["cache_dir"])
     assert not (cache / warm_share.INCOMING).exists() or not any((cache / warm_share.INCOMING).iterdir())
 
@@ -225,7 +207,7 @@ def test_plan_installs_what_the_share_holds_and_never_warms(
 ) -> None:
     cold = node(tmp_path, monkeypatch, "node3", gpus=B200, warm_plan=True)
     r = warm_probe.triton_warm(cold)
-    assert r.evidence["action"] == "planned" and cold.session.calls == 0 and not r.evidence["share_has_key"]  # type: ignore[union-attr]
+    assert r.evidence["action"] == "planned" and not cold.session.calls and not r.evidence["share_has_key"]  # type: ignore[union-attr]
     same = node(tmp_path, monkeypatch, "node2", warm_plan=True)
     assert warm_probe.triton_warm(same).evidence["action"] == "installed"
 

@@ -8,16 +8,20 @@ Needs the testbed up with 3 nodes (`make testbed`) and a warm machine (run it af
 the node's uv store holds the stack). Uses vmids 190-197, destroyed at the end. Figures, each as
 baseline / this checkout:
 - first container (1 node x 1, CT 190): provision.yml from scratch;
+- second container of a node (CT 191, CT 190 running with a venv of the same lock): provision.yml from
+  scratch;
 - changed=0 rerun of 1 node x 2 containers (CT 190-191): wall seconds, TASK headers printed, changed;
   each side's rerun follows one rerun of its own (the other side's run may differ in what it writes);
 - 3 nodes x 2 containers first provision (CT 192-197), unless --skip-fleet.
-For every run: wall seconds and the CPU it cost the whole machine (/proc/stat) and the controller.
+For every run: wall seconds and the CPU it cost the whole machine (/proc/stat) and the controller; for the
+first container, where its time goes: the task times (profile_tasks) summed per role, for both sides.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -31,6 +35,7 @@ sys.path.insert(0, str(REPO / "testbed"))
 
 from fleet_bench import controller_seconds, machine_busy_seconds  # noqa: E402
 from playbook_runner import PlaybookRun, container, make_runner  # noqa: E402
+from provision_bench import PROFILE_ENV  # noqa: E402
 
 PAIR = (190, 191)
 FLEET = {"testbed": (192, 193), "testbed2": (194, 195), "testbed3": (196, 197)}
@@ -56,6 +61,17 @@ def worktree(rev: str) -> Path:
     return path
 
 
+def per_role(output: str) -> dict[str, float]:
+    """Seconds per role (tasks outside a role: "play"), from profile_tasks' per-task lines."""
+    roles: dict[str, float] = {}
+    for line in output.splitlines():
+        m = re.match(r"^(.*?) -{2,} (\d+(?:\.\d+)?)s$", line.strip())
+        if m:
+            role = m.group(1).split(" : ", 1)[0] if " : " in m.group(1) else "play"
+            roles[role] = roles.get(role, 0.0) + float(m.group(2))
+    return {r: round(t, 1) for r, t in sorted(roles.items(), key=lambda kv: -kv[1])}
+
+
 def timed(runner: Any, playbook: str, cts: Any, label: str) -> dict[str, Any]:
     busy0, ctl0, t0 = machine_busy_seconds(), controller_seconds(), time.monotonic()
     run: PlaybookRun = runner(playbook, cts, timeout=3600)
@@ -65,12 +81,13 @@ def timed(runner: Any, playbook: str, cts: Any, label: str) -> dict[str, Any]:
         "controller_cpu_s": round(controller_seconds() - ctl0, 1),
         "tasks": run.output.count("\nTASK ["),
         "changed": run.changed(),
+        "per_role_s": per_role(run.output),
     }
     if LOGS:
         (LOGS / f"{label.replace(' ', '_').replace('/', '_')}.log").write_text(run.output)
     if run.rc != 0:
         sys.exit(f"{label} failed (rc {run.rc}):\n{run.output[-4000:]}")
-    print(f"  {label:<34} {fig}", flush=True)
+    print(f"  {label:<34} { {k: v for k, v in fig.items() if k != 'per_role_s'} }", flush=True)
     return fig
 
 
@@ -97,8 +114,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="mlstack-speed-"))
     base = worktree(args.baseline)
     sides = {
-        "baseline": make_runner(work / "baseline", repo=base),
-        "this": make_runner(work / "this"),
+        "baseline": make_runner(work / "baseline", repo=base, env=PROFILE_ENV),
+        "this": make_runner(work / "this", env=PROFILE_ENV),
     }
     for folder in ("baseline", "this"):
         (work / folder).mkdir()
@@ -111,6 +128,10 @@ def main() -> None:
         this("destroy.yml", pair[:1], mlstack_destroy_confirm=True)
         return timed(runner, "provision.yml", pair[:1], label)
 
+    def second(runner: Any, label: str) -> dict[str, Any]:
+        this("destroy.yml", pair[1:], mlstack_destroy_confirm=True)
+        return timed(runner, "provision.yml", pair[1:], label)
+
     def rerun(runner: Any, label: str) -> dict[str, Any]:
         timed(runner, "provision.yml", pair, f"{label} to settle")
         return timed(runner, "provision.yml", pair, label)
@@ -122,6 +143,8 @@ def main() -> None:
     try:
         print("first container, 1 node x 1:", flush=True)
         fig["first_container"] = both(sides, "first container", first)
+        print("second container of the node, 1 node x 1:", flush=True)
+        fig["second_container"] = both(sides, "second container", second)
         this("provision.yml", pair)
         print("changed=0 rerun, 1 node x 2:", flush=True)
         fig["rerun_1x2"] = both(sides, "rerun 1x2", rerun)
@@ -135,7 +158,7 @@ def main() -> None:
             this("destroy.yml", fleet, mlstack_destroy_confirm=True)
 
     print(f"\nbaseline {args.baseline} / this checkout:")
-    for name in ("first_container", "rerun_1x2", "first_3x2"):
+    for name in ("first_container", "second_container", "rerun_1x2", "first_3x2"):
         if name in fig:
             b, t = fig[name]["baseline"], fig[name]["this"]
             ratio = b["wall_s"] / t["wall_s"]
@@ -144,6 +167,12 @@ def main() -> None:
                 f"  machine CPU {b['machine_cpu_s']:7.1f} / {t['machine_cpu_s']:7.1f} s"
                 f"  tasks {b['tasks']} / {t['tasks']}  changed {b['changed']} / {t['changed']}"
             )
+    for name in ("first_container", "second_container"):
+        if name in fig:
+            b, t = (fig[name][side]["per_role_s"] for side in ("baseline", "this"))
+            print(f"\n{name}, seconds per role (task times), baseline / this checkout:")
+            for role in sorted({*b, *t}, key=lambda r: -max(b.get(r, 0.0), t.get(r, 0.0))):
+                print(f"  {role:<16} {b.get(role, 0.0):7.1f} / {t.get(role, 0.0):7.1f}")
     if args.json:
         args.json.write_text(json.dumps(fig, indent=2) + "\n")
 

@@ -136,22 +136,20 @@ PLAN = [
     # 135-138 kept for new files.
     Step("provision", (PROVISION.rstrip("/"),), vmids=span(100, 120, 133, (135, 138), (943, 944))),
     # One provisioned container (CT 150, conftest.py's default_ct) for the files that check one: the
-    # doctor typed by hand, the scheduled runs, reruns after changes by hand (each puts it back).
+    # doctor typed by hand, the scheduled runs, reruns after changes by hand (each puts it back), a second
+    # venv of its lock built beside its own.
     Step(
         "provisioned",
         (
             PROVISION + "test_doctor_defaults.py",
             PROVISION + "test_monitor.py",
             PROVISION + "test_rerun_state.py",
+            PROVISION + "test_venv_bytecode.py",
         ),
         vmids=span(150),
     ),
-    # The fleet across the cluster's three nodes (CT 130-132); the warm shared across them (CT 270-272).
-    Step(
-        "fleet",
-        (PROVISION + "test_fleet.py", PROVISION + "test_cluster_warm.py"),
-        vmids=span((130, 132), (270, 272)),
-    ),
+    # The fleet across the cluster's three nodes (CT 130-132), and the warm shared across them.
+    Step("fleet", (PROVISION + "test_fleet.py",), vmids=span((130, 132))),
     # CT 139 is the foreign guest of both lifecycle and bad input.
     Step("lifecycle", (PROVISION + "test_lifecycle.py",), vmids=span(128, 139)),
     # One container changed in turn on day two (CT 200), one only planned (CT 201); 202-219 kept for it.

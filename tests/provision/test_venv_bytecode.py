@@ -1,0 +1,90 @@
+"""A second venv of the same lock on a node starts with the first one's compiled bytecode (CT 150, shared
+with test_doctor_defaults.py): mlstack-build-venv, as provisioning installed it in the container, builds
+another venv of the default profile beside the active one, in the same shared store, and links the .pyc
+files whose source is the very same file. Importing torch and transformers there then compiles nothing,
+and the modules are those of the new venv. A venv of another lock under the same name shares nothing."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from playbook_runner import DEFAULT_CT_VMID, DEFAULT_PROFILE, PlaybookRun
+
+VMID = DEFAULT_CT_VMID
+BUILDER = "/opt/mlstack/bin/mlstack-build-venv"
+ACTIVE = "/opt/mlstack/venv"
+# Beside ct150's own venvs folder in the node's shared store: nothing of it is CT 150's state.
+ASIDE = "/var/cache/mlstack/uv/venvs/ct150-bytecode-test"
+IMPORTS = "import torch, transformers.models.qwen3_5, sys; print(torch.__file__)"
+PYCS = "find {venv}/lib -name '*.pyc' | wc -l"
+
+pytestmark = pytest.mark.testbed
+
+
+def sh(script: str, timeout: float = 600) -> Any:
+    from tbhelpers import attach
+
+    return attach(VMID, f"export HOME=/root PATH=/usr/local/bin:/usr/bin:/bin; {script}", timeout=timeout)
+
+
+def count(venv: str) -> int:
+    r = sh(PYCS.format(venv=venv))
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout.strip())
+
+
+@pytest.fixture(scope="module")
+def profile(default_ct: tuple[PlaybookRun, Any]) -> Iterator[dict[str, str]]:
+    """The active venv's profile folder and the venv it is (the first provision ran the doctor's full tier
+    there, so torch and transformers are compiled), with the aside folder removed before and after."""
+    first, _ = default_ct
+    assert first.rc == 0, first.output[-3000:]
+    active = sh(f"readlink -f {ACTIVE}").stdout.strip()
+    name = active.rsplit("/", 1)[1]
+    assert name.startswith(DEFAULT_PROFILE), active
+    sh(f"rm -rf {ASIDE}")
+    yield {"dir": f"/opt/mlstack/profiles/{name}", "name": name, "active": active}
+    sh(f"rm -rf {ASIDE} /tmp/other-lock")
+
+
+def test_a_second_venv_of_the_same_lock_imports_without_compiling(profile: dict[str, str]) -> None:
+    assert count(profile["active"]) > 1000  # torch and transformers, compiled by the doctor's first run
+    venv = f"{ASIDE}/{profile['name']}"
+    built = sh(f"mkdir -p {ASIDE} && {BUILDER} {profile['dir']} {venv}")
+    assert built.returncode == 0, (built.stdout, built.stderr)
+    said = re.search(
+        r"mlstack-build-venv: (\d+) compiled modules linked from the same lock's venvs: (.+)", built.stdout
+    )
+    assert said and int(said.group(1)) > 1000, built.stdout
+    # Venvs of this lock in the node's store: CT 150's, or another container's on the node.
+    assert all(
+        re.fullmatch(rf"/var/cache/mlstack/uv/venvs/[^/]+/{profile['name']}", v)
+        for v in said.group(2).split()
+    )
+    links = sh(f"stat -c %h {venv}/lib/python3.11/site-packages/torch/__pycache__/__init__.cpython-311.pyc")
+    assert int(links.stdout) >= 2, links  # one file with the venv it came from, not a copy
+
+    before = count(venv)
+    imported = sh(f"cd /root && {venv}/bin/python -c '{IMPORTS}'")
+    assert imported.returncode == 0, imported.stderr
+    assert imported.stdout.strip() == f"{venv}/lib/python3.11/site-packages/torch/__init__.py"
+    assert count(venv) == before  # nothing compiled on the first import
+
+
+def test_a_venv_of_another_lock_shares_nothing(profile: dict[str, str]) -> None:
+    # The same project with one more line in its lock: another lock hash, under the same venv name.
+    other = "/tmp/other-lock"
+    prepared = sh(
+        f"rm -rf {other} && cp -r {profile['dir']} {other} && echo '# another lock' >> {other}/uv.lock"
+    )
+    assert prepared.returncode == 0, prepared.stderr
+    venv = f"{ASIDE}/{profile['name']}"
+    sh(f"rm -rf {venv}")
+    built = sh(f"mkdir -p {ASIDE} && {BUILDER} {other} {venv}")
+    assert built.returncode == 0, (built.stdout, built.stderr)
+    assert "compiled modules linked" not in built.stdout, built.stdout
+    torch_pyc = f"{venv}/lib/python3.11/site-packages/torch/__pycache__/__init__.cpython-311.pyc"
+    assert sh(f"test -e {torch_pyc}").returncode == 1  # torch not compiled: nothing came from CT 150's venv

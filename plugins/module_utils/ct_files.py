@@ -88,8 +88,7 @@ def ensure_file(
     if st is not None:
         with open(path, "rb") as f:
             before = f.read()
-    if before == data:
-        assert st is not None
+    if st is not None and before == data:
         return (_differs(st, mode, ids) if check else _settle(path, st, mode, ids)), None
     diff = {"before_header": path, "after_header": path, "before": _text(before), "after": content}
     if check:

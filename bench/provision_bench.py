@@ -35,14 +35,19 @@ PROFILE_ENV = {
 CACHE_VARS = {"pve_host_uv_cache_dir": BENCH_CACHE, "gpu_container_uv_cache_dir": BENCH_CACHE}
 
 
+def task_times(output: str) -> list[tuple[str, float]]:
+    """(task, wall seconds) of each line of profile_tasks' summary ("role : task ---- 1.23s")."""
+    times = []
+    for line in output.splitlines():
+        m = re.match(r"^(.*?) -{2,} (\d+(?:\.\d+)?)s$", line.strip())
+        if m:
+            times.append((m.group(1), float(m.group(2))))
+    return times
+
+
 def task_seconds(run: PlaybookRun, name: str) -> float:
     """Wall seconds of the tasks whose name starts with `name`, from profile_tasks' summary."""
-    total = 0.0
-    for line in run.output.splitlines():
-        m = re.match(r"^(.*?) -{2,} (\d+(?:\.\d+)?)s$", line.strip())
-        if m and name in m.group(1):
-            total += float(m.group(2))
-    return total
+    return sum(seconds for task, seconds in task_times(run.output) if name in task)
 
 
 def build_seconds(run: PlaybookRun) -> float | None:

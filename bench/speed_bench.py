@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,7 @@ sys.path.insert(0, str(REPO / "testbed"))
 
 from fleet_bench import controller_seconds, machine_busy_seconds  # noqa: E402
 from playbook_runner import PlaybookRun, container, make_runner  # noqa: E402
-from provision_bench import PROFILE_ENV  # noqa: E402
+from provision_bench import PROFILE_ENV, task_times  # noqa: E402
 
 PAIR = (190, 191)
 FLEET = {"testbed": (192, 193), "testbed2": (194, 195), "testbed3": (196, 197)}
@@ -64,11 +63,9 @@ def worktree(rev: str) -> Path:
 def per_role(output: str) -> dict[str, float]:
     """Seconds per role (tasks outside a role: "play"), from profile_tasks' per-task lines."""
     roles: dict[str, float] = {}
-    for line in output.splitlines():
-        m = re.match(r"^(.*?) -{2,} (\d+(?:\.\d+)?)s$", line.strip())
-        if m:
-            role = m.group(1).split(" : ", 1)[0] if " : " in m.group(1) else "play"
-            roles[role] = roles.get(role, 0.0) + float(m.group(2))
+    for task, seconds in task_times(output):
+        role = task.split(" : ", 1)[0] if " : " in task else "play"
+        roles[role] = roles.get(role, 0.0) + seconds
     return {r: round(t, 1) for r, t in sorted(roles.items(), key=lambda kv: -kv[1])}
 
 

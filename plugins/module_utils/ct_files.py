@@ -1,19 +1,17 @@
 """Writing what a role's state read (ct_state) found different: its files and folders, in one pass inside
 the container. An item has the shape ct_state reads (type file or directory, path, mode, owner, group),
-and a file's content comes beside it, by the same key. A file is replaced atomically (a temporary file
-beside it, renamed over it), so a reader never sees half of it; an item already as wanted is left alone.
+and a file's content comes beside it, by the same key. A file is replaced atomically (report_files'
+replace_atomically), so a reader never sees half of it; an item already as wanted is left alone.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
-# Folders made on the way to an item, as a role's own folders are.
-PARENT_MODE = 0o755
+from ansible_collections.mlstack.pve.plugins.module_utils.report_files import FOLDER_MODE, replace_atomically
 
 
 def _mode(item: dict[str, Any], default: int) -> int:
@@ -25,41 +23,32 @@ def _ids(item: dict[str, Any]) -> tuple[int, int]:
     return (0 if item.get("owner") == "root" else -1, 0 if item.get("group") == "root" else -1)
 
 
-def _settle(path: str, st: os.stat_result, mode: int, ids: tuple[int, int]) -> bool:
-    """Give `path` its mode and owner; True when either changed."""
-    changed = False
-    if stat.S_IMODE(st.st_mode) != mode:
-        os.chmod(path, mode)
-        changed = True
-    if _wrong_owner(st, ids):
-        os.chown(path, *ids)
-        changed = True
-    return changed
-
-
-def _differs(st: os.stat_result, mode: int, ids: tuple[int, int]) -> bool:
-    return stat.S_IMODE(st.st_mode) != mode or _wrong_owner(st, ids)
-
-
-def _wrong_owner(st: os.stat_result, ids: tuple[int, int]) -> bool:
+def _settle(path: str, st: os.stat_result, mode: int, ids: tuple[int, int], check: bool) -> bool:
+    """Whether `path`'s mode or owner differs from the wanted ones; unless `check`, they are set."""
     uid, gid = ids
-    return (uid != -1 and st.st_uid != uid) or (gid != -1 and st.st_gid != gid)
+    wrong_mode = stat.S_IMODE(st.st_mode) != mode
+    wrong_owner = (uid != -1 and st.st_uid != uid) or (gid != -1 and st.st_gid != gid)
+    if not check and wrong_mode:
+        os.chmod(path, mode)
+    if not check and wrong_owner:
+        os.chown(path, uid, gid)
+    return wrong_mode or wrong_owner
 
 
 def ensure_directory(item: dict[str, Any], check: bool) -> bool:
-    path, mode, ids = item["path"], _mode(item, PARENT_MODE), _ids(item)
+    path, mode, ids = item["path"], _mode(item, FOLDER_MODE), _ids(item)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         if check:
             return True
-        os.makedirs(os.path.dirname(path) or "/", mode=PARENT_MODE, exist_ok=True)
+        os.makedirs(os.path.dirname(path) or "/", mode=FOLDER_MODE, exist_ok=True)
         os.mkdir(path, mode)
-        _settle(path, os.lstat(path), mode, ids)  # mkdir's mode is masked by the umask
+        _settle(path, os.lstat(path), mode, ids, check=False)  # mkdir's mode is masked by the umask
         return True
     if not stat.S_ISDIR(st.st_mode):
         raise ValueError(f"{path} exists and is not a directory")
-    return _differs(st, mode, ids) if check else _settle(path, st, mode, ids)
+    return _settle(path, st, mode, ids, check)
 
 
 def _text(data: bytes | None) -> str:
@@ -89,19 +78,13 @@ def ensure_file(
         with open(path, "rb") as f:
             before = f.read()
     if st is not None and before == data:
-        return (_differs(st, mode, ids) if check else _settle(path, st, mode, ids)), None
+        return _settle(path, st, mode, ids, check), None
     diff = {"before_header": path, "after_header": path, "before": _text(before), "after": content}
     if check:
         return True, diff
-    folder = os.path.dirname(path) or "/"
-    os.makedirs(folder, mode=PARENT_MODE, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        _settle(tmp, os.lstat(tmp), mode, ids)
+
+    def prepare(tmp: str) -> None:
+        _settle(tmp, os.lstat(tmp), mode, ids, check=False)
         if item.get("validate"):
             if validate is None:
                 raise ValueError(f"{path}: no way to run its validate command")
@@ -109,11 +92,8 @@ def ensure_file(
                 validate(str(item["validate"]), tmp)
             except ValueError as e:
                 raise ValueError(f"{path} not replaced: {e}") from None
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+    replace_atomically(path, data, prepare)
     return True, diff
 
 

@@ -1,11 +1,13 @@
 """Writing what a role's state read (ct_state) found different: its files and folders, in one pass inside
 the container. An item has the shape ct_state reads (type file or directory, path, mode, owner, group),
-and a file's content comes beside it, by the same key. A file is replaced atomically (report_files'
+and a file's content comes beside it, by the same key: text, or bytes for a binary file (a wheel). A file
+is replaced atomically (report_files'
 replace_atomically), so a reader never sees half of it; an item already as wanted is left alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from collections.abc import Callable
@@ -51,8 +53,13 @@ def ensure_directory(item: dict[str, Any], check: bool) -> bool:
     return _settle(path, st, mode, ids, check)
 
 
-def _text(data: bytes | None) -> str:
-    return "" if data is None else data.decode("utf-8", errors="replace")
+def _shown(data: bytes | None, binary: bool) -> str:
+    """A file's content as a diff shows it: its text, or for a binary file its size and checksum."""
+    if data is None:
+        return ""
+    if binary:
+        return f"({len(data)} bytes, binary, sha1 {hashlib.sha1(data).hexdigest()})\n"
+    return data.decode("utf-8", errors="replace")
 
 
 # Checks a file before it replaces the item's path: (command with %s for the file, the file's path);
@@ -61,12 +68,14 @@ Validate = Callable[[str, str], None]
 
 
 def ensure_file(
-    item: dict[str, Any], content: str, check: bool, validate: Validate | None = None
+    item: dict[str, Any], content: str | bytes, check: bool, validate: Validate | None = None
 ) -> tuple[bool, dict[str, str] | None]:
-    """(changed, diff) for one file item; the diff is Ansible's before/after of its text. An item with a
-    `validate` command is checked (the new file in its place, %s) before it replaces what is there."""
+    """(changed, diff) for one file item; the diff is Ansible's before/after of its text (of a binary
+    file, its size and sha1). An item with a `validate` command is checked (the new file in its place,
+    %s) before it replaces what is there."""
     path, mode, ids = item["path"], _mode(item, 0o644), _ids(item)
-    data = content.encode("utf-8")
+    binary = isinstance(content, bytes)
+    data = content if isinstance(content, bytes) else content.encode("utf-8")
     try:
         st: os.stat_result | None = os.lstat(path)
     except FileNotFoundError:
@@ -79,7 +88,12 @@ def ensure_file(
             before = f.read()
     if st is not None and before == data:
         return _settle(path, st, mode, ids, check), None
-    diff = {"before_header": path, "after_header": path, "before": _text(before), "after": content}
+    diff = {
+        "before_header": path,
+        "after_header": path,
+        "before": _shown(before, binary),
+        "after": _shown(data, binary),
+    }
     if check:
         return True, diff
 
@@ -99,7 +113,7 @@ def ensure_file(
 
 def apply_items(
     items: dict[str, dict[str, Any]],
-    contents: dict[str, str],
+    contents: dict[str, str | bytes],
     check: bool = False,
     validate: Validate | None = None,
 ) -> tuple[list[str], list[dict[str, str]]]:

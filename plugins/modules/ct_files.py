@@ -27,6 +27,17 @@ options:
     description: The text of each C(file) item, by the same key.
     type: dict
     default: {}
+  sources:
+    description:
+      - A file on the controller for a C(file) item, by the same key, instead of a text in C(contents); it
+        may be binary (a wheel). The action plugin reads each one whose item is given and sends it with
+        the module's arguments, so the copy costs no extra round trip. The diff shows only its size.
+    type: dict
+    default: {}
+  contents_base64:
+    description: The content of a C(file) item in base64, by key; the action plugin fills it from C(sources).
+    type: dict
+    default: {}
 author: mlstack maintainers
 """
 
@@ -38,6 +49,14 @@ EXAMPLES = r"""
       script: {type: file, path: /opt/tool/bin/run, mode: "0755", owner: root, group: root}
     contents:
       script: "{{ lookup('ansible.builtin.template', 'run.sh.j2') }}"
+
+- name: Copy a wheel and its folder
+  mlstack.pve.ct_files:
+    items:
+      dist: {type: directory, path: /opt/tool/dist, mode: "0755", owner: root, group: root}
+      wheel: {type: file, path: /opt/tool/dist/tool-1.0-py3-none-any.whl, mode: "0644", owner: root, group: root}
+    sources:
+      wheel: /build/dist/tool-1.0-py3-none-any.whl
 """
 
 RETURN = r"""
@@ -48,6 +67,8 @@ changed_items:
   returned: always
 """
 
+import base64
+import binascii
 import shlex
 
 from ansible.module_utils.basic import AnsibleModule
@@ -59,6 +80,9 @@ def main() -> None:
         argument_spec={
             "items": {"type": "dict", "required": True},
             "contents": {"type": "dict", "default": {}},
+            # Read on the controller by the action plugin, which sends contents_base64 instead.
+            "sources": {"type": "dict", "default": {}},
+            "contents_base64": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
@@ -69,10 +93,14 @@ def main() -> None:
         if rc != 0:
             raise ValueError(f"{' '.join(argv)} refused it (exit {rc}): {(err or out).strip()}")
 
+    contents: dict[str, str | bytes] = dict(module.params["contents"])
     try:
-        changed, diffs = apply_items(
-            module.params["items"], module.params["contents"], module.check_mode, validate
-        )
+        for key, encoded in module.params["contents_base64"].items():
+            contents[key] = base64.b64decode(str(encoded), validate=True)
+    except binascii.Error as e:
+        module.fail_json(msg=f"contents_base64: not base64: {e}")
+    try:
+        changed, diffs = apply_items(module.params["items"], contents, module.check_mode, validate)
     except (OSError, ValueError) as e:
         module.fail_json(msg=f"cannot write the role's files: {e}")
     result = {"changed": bool(changed), "changed_items": changed}

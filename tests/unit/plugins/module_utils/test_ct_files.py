@@ -4,6 +4,7 @@ first; check mode writes nothing and shows the diff; a path of the wrong kind is
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -126,3 +127,47 @@ def test_a_file_its_check_refuses_is_not_written(tmp_path: Path) -> None:
     assert bad.get("failed") and f"{tmp_path}/etc/doctor.json not replaced: grep -q venv" in bad["msg"], bad
     assert (tmp_path / "etc" / "doctor.json").read_text() == '{"venv": 1}\n'  # the old file stays
     assert [p.name for p in (tmp_path / "etc").iterdir()] == ["doctor.json"]  # no temporary file left
+
+
+def test_a_binary_source_is_copied_with_its_folder_in_one_call(tmp_path: Path) -> None:
+    """A wheel from the controller (`sources`), byte for byte; again, nothing changes; -vvv and --diff show
+    its size, not its bytes; a source that cannot be read is named."""
+    wheel = tmp_path / "build" / "tool-1.0-py3-none-any.whl"
+    wheel.parent.mkdir()
+    data = bytes(range(256)) * 64 + b"\xff\xfe not text"
+    wheel.write_bytes(data)
+    root = tmp_path / "opt"
+    wanted = {
+        "dist": {"type": "directory", "path": f"{root}/dist", "mode": "0755"},
+        "wheel": {"type": "file", "path": f"{root}/dist/{wheel.name}", "mode": "0644"},
+    }
+    first = run_module("mlstack.pve.ct_files", {"items": wanted, "sources": {"wheel": str(wheel)}})
+    assert sorted(first["changed_items"]) == ["dist", "wheel"], first
+    assert (root / "dist" / wheel.name).read_bytes() == data and mode(root / "dist" / wheel.name) == 0o644
+    again = run_module("mlstack.pve.ct_files", {"items": wanted, "sources": {"wheel": str(wheel)}})
+    assert again["changed"] is False, again
+    wheel.write_bytes(data[::-1])
+    play = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Copy the wheel
+      mlstack.pve.ct_files:
+        items: "{{ items }}"
+        sources: {wheel: "{{ wheel }}"}
+"""
+    out = run_play(tmp_path, play, {"items": wanted, "wheel": str(wheel)}, "--diff", "-vvv")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{len(data)} bytes from {wheel}" in out.stdout, out.stdout  # the arguments as -vvv shows them
+    size = f"({len(data)} bytes, binary, sha1"
+    before, after = (f"{size} {hashlib.sha1(d).hexdigest()})" for d in (data, data[::-1]))
+    assert f"-{before}" in out.stdout and f"+{after}" in out.stdout, out.stdout
+    assert (root / "dist" / wheel.name).read_bytes() == data[::-1]
+    assert "AAECAwQF" not in out.stdout  # no base64 of the wheel in the output
+    gone = run_module(
+        "mlstack.pve.ct_files", {"items": wanted, "sources": {"wheel": str(tmp_path / "missing.whl")}}
+    )
+    assert (
+        gone.get("failed") and f"wheel: cannot read {tmp_path}/missing.whl on the controller" in gone["msg"]
+    )

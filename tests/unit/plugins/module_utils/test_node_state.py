@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -125,6 +127,37 @@ def test_the_template_is_present_only_when_pveam_lists_it(volid: str, present: b
 def test_a_failing_pveam_list_fails() -> None:
     with pytest.raises(ValueError, match="pveam list local exited 2: storage 'local' does not exist"):
         node_state.templates("local", commands({"pveam": (2, "", "storage 'local' does not exist\n")}))
+
+
+def test_the_nodes_commands_run_at_the_same_time() -> None:
+    """pveversion answers only once nvidia-smi, pveam and the container's lxc-info have started: one after
+    the other, it would wait out its timeout and the read would say so."""
+    started = {name: threading.Event() for name in ("nvidia-smi", "pveam", "lxc-info")}
+    answers = {"nvidia-smi": (0, SMI, ""), "pveam": (0, PVEAM_LIST, ""), "lxc-info": (0, "", "")}
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        if argv[0] == "pveversion":
+            together = all(e.wait(timeout=10) for e in started.values())
+            return (0, PVEVERSION, "") if together else (1, "", "the others had not started")
+        started[argv[0]].set()
+        return answers[argv[0]]
+
+    state = node_state.read_node(
+        run, gather=["pve_version", "gpus"], ostemplate="local:vztmpl/x.tar.zst", containers=[220]
+    )
+    assert state["pve_version"] == "8.4.1" and len(state["gpus"]) == 2 and state["stale_mounts"] == []
+
+
+def test_with_the_commands_at_once_the_first_failure_listed_is_the_one_raised() -> None:
+    # pveam fails at once, pveversion after it: the error is pveversion's, as when they ran in turn.
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        if argv[0] == "pveversion":
+            time.sleep(0.2)
+            return (2, "", "ipcc_send_rec failed\n")
+        return (2, "", "storage 'local' does not exist\n")
+
+    with pytest.raises(ValueError, match="pveversion exited 2: ipcc_send_rec failed"):
+        node_state.read_node(run, gather=["pve_version"], ostemplate="local:vztmpl/x.tar.zst")
 
 
 def test_directories_say_what_differs(tmp_path: Path) -> None:

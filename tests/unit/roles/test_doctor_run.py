@@ -176,3 +176,58 @@ def test_the_stack_policy_knows_the_doctors_purposes() -> None:
     from ansible_collections.mlstack.pve.plugins.module_utils import stack_policy
 
     assert tuple(stack_policy.PURPOSES) == settings.PURPOSES
+
+
+NCCL = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Decide on the NCCL tier as the role does after the full tier
+      ansible.builtin.include_role:
+        name: doctor
+        tasks_from: nccl
+"""
+
+
+@pytest.mark.parametrize(
+    ("nodes", "runs"),
+    [
+        (
+            [
+                "/dev/nvidia0",
+                "/dev/nvidia1",
+                "/dev/nvidiactl",
+                "/dev/nvidia-uvm",
+                "/dev/nvidia-caps/nvidia-cap1",
+            ],
+            True,
+        ),
+        (["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-caps/nvidia-cap1"], False),
+    ],
+    ids=["two GPUs", "one GPU"],
+)
+def test_auto_runs_the_nccl_tier_where_the_full_tiers_report_lists_several_gpu_nodes(
+    tmp_path: Path, nodes: list[str], runs: bool
+) -> None:
+    # The GPU nodes come from the full tier's report (nvidia_device_nodes' evidence), not a search of /dev.
+    full = {"probes": [{"name": "nvidia_device_nodes", "evidence": {"nodes": [{"path": p} for p in nodes]}}]}
+    report = {"tier": "nccl", "summary": {"ok": True, "root_cause": None, "root_causes": []}, "probes": []}
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "mlstack-doctor").write_text(DOCTOR)
+    (venv / "bin" / "mlstack-doctor").chmod(0o755)
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    values = {
+        "doctor_venv": str(venv),
+        "doctor_nccl_report_path": str(tmp_path / "out" / "nccl.json"),
+        "doctor_controller_report_dir": str(tmp_path / "reports"),
+        "doctor_nccl": "auto",
+        "doctor_expect_gpu": True,
+        "doctor_report": full,
+    }
+    (tmp_path / "out").mkdir()
+    proc = run_play(tmp_path, NCCL, values, env={"REPORT": str(tmp_path / "report.json"), "RC": "0"})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    argv = venv / "bin" / "argv"
+    assert (argv.exists() and argv.read_text().startswith("--tier nccl ")) is runs, proc.stdout[-3000:]

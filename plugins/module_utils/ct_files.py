@@ -1,5 +1,6 @@
-"""Writing what a role's state read (ct_state) found different: its files and folders, in one pass inside
-the container. An item has the shape ct_state reads (type file or directory, path, mode, owner, group),
+"""Writing what a role's state read (ct_state) found different: its files, folders and symlinks, in one
+pass inside the container. An item has the shape ct_state reads (type file, directory or link; path,
+mode, owner, group; a link's src),
 and a file's content comes beside it, by the same key: text, or bytes for a binary file (a wheel). A file
 is replaced atomically (report_files'
 replace_atomically), so a reader never sees half of it; an item already as wanted is left alone.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import stat
 from collections.abc import Callable
 from typing import Any
@@ -111,28 +113,63 @@ def ensure_file(
     return True, diff
 
 
+def ensure_link(item: dict[str, Any], check: bool) -> tuple[bool, dict[str, str] | None]:
+    """(changed, diff) for one symlink item: `path` pointing at `src` as written. A new link is made beside
+    it and renamed over it, so a reader of the path finds the old target or the new one, never nothing."""
+    path, src = item["path"], str(item.get("src") or "")
+    if not src:
+        raise ValueError(f"{path}: a link item needs its src")
+    try:
+        st: os.stat_result | None = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{path} exists and is a directory, not a symlink")
+    before = os.readlink(path) if st is not None and stat.S_ISLNK(st.st_mode) else None
+    if before == src:
+        return False, None
+    was = "" if st is None else (f"-> {before}\n" if before is not None else "(a regular file)\n")
+    diff = {"before_header": path, "after_header": path, "before": was, "after": f"-> {src}\n"}
+    if check:
+        return True, diff
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
+    os.symlink(src, tmp)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        os.unlink(tmp)
+        raise
+    return True, diff
+
+
 def apply_items(
     items: dict[str, dict[str, Any]],
     contents: dict[str, str | bytes],
     check: bool = False,
     validate: Validate | None = None,
 ) -> tuple[list[str], list[dict[str, str]]]:
-    """Bring every item to its wanted state, folders first: (the keys that changed, the files' diffs)."""
+    """Bring every item to its wanted state, folders first, then files and links in the order given: (the
+    keys that changed, the diffs)."""
     changed: list[str] = []
     diffs: list[dict[str, str]] = []
     ordered = sorted(items.items(), key=lambda kv: kv[1].get("type") != "directory")
     for key, item in ordered:
-        if item.get("type") == "directory":
+        kind = item.get("type")
+        if kind == "directory":
             if ensure_directory(item, check):
                 changed.append(key)
-        elif item.get("type") == "file":
+            continue
+        if kind == "file":
             if key not in contents:
                 raise ValueError(f"{key}: a file item needs its content")
             did, diff = ensure_file(item, contents[key], check, validate)
-            if did:
-                changed.append(key)
-            if diff is not None:
-                diffs.append(diff)
+        elif kind == "link":
+            did, diff = ensure_link(item, check)
         else:
-            raise ValueError(f"{key}: type {item.get('type')!r} is not a file or a directory")
+            raise ValueError(f"{key}: type {kind!r} is not a file, a directory or a link")
+        if did:
+            changed.append(key)
+        if diff is not None:
+            diffs.append(diff)
     return changed, diffs

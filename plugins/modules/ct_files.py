@@ -5,19 +5,21 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: ct_files
-short_description: Write a role's files and folders in one round trip, each only where it differs
+short_description: Write a role's files, folders and links in one round trip, each only where it differs
 description:
   - Runs inside the container (one C(pct exec) with pipelining), the writing half of M(mlstack.pve.ct_state).
     A role reads its state with one call, then hands the items that differ to this module, so a new
     container gets its folders and files in one round trip instead of three per file.
-  - A file is replaced atomically (a temporary file beside it, synced, renamed over it); a folder is made
-    with its parents. An item already as wanted is left alone. Supports check mode and diff mode.
+  - A file is replaced atomically (a temporary file beside it, synced, renamed over it), and so is a
+    symlink (a new link beside it, renamed over it); a folder is made with its parents. An item already
+    as wanted is left alone. Supports check mode and diff mode.
 options:
   items:
     description:
-      - Items by key, in the shape M(mlstack.pve.ct_state) reads - C(type) C(file) or C(directory), C(path),
-        optional C(mode) (octal text), C(owner) and C(group) (only C(root) is set; otherwise left as is).
-        Any C(sha1) is ignored (the content decides). Folders are made first.
+      - Items by key, in the shape M(mlstack.pve.ct_state) reads - C(type) C(file), C(directory) or C(link),
+        C(path), optional C(mode) (octal text), C(owner) and C(group) (only C(root) is set; otherwise left as
+        is); a C(link) item's C(src) is the target it must point at, as written. Any C(sha1) is ignored (the
+        content decides). Folders are made first, then files and links in the order given.
       - A C(file) item's optional C(validate) is a command, with C(%s) for the new file, that must succeed
         before the file replaces what is there (as M(ansible.builtin.copy)'s C(validate)); its output is
         the failure's message.

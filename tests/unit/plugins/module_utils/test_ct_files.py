@@ -171,3 +171,48 @@ def test_a_binary_source_is_copied_with_its_folder_in_one_call(tmp_path: Path) -
     assert (
         gone.get("failed") and f"wheel: cannot read {tmp_path}/missing.whl on the controller" in gone["msg"]
     )
+
+
+def test_a_link_is_pointed_at_its_target_by_a_rename_and_then_left_alone(tmp_path: Path) -> None:
+    """The active venv's switch: venv.previous kept, venv pointed at the new target; a reader of venv sees
+    the old target or the new one (the link is renamed over it, its inode changes); again, nothing."""
+    (tmp_path / "venvs" / "a").mkdir(parents=True)
+    (tmp_path / "venvs" / "b").mkdir()
+    active = tmp_path / "venv"
+    active.symlink_to(tmp_path / "venvs" / "a")
+    before = os.lstat(active).st_ino
+    links = {
+        "previous": {"type": "link", "path": f"{tmp_path}/venv.previous", "src": f"{tmp_path}/venvs/a"},
+        "active": {"type": "link", "path": str(active), "src": f"{tmp_path}/venvs/b"},
+    }
+    switched = run_module("mlstack.pve.ct_files", {"items": links})
+    assert switched["changed_items"] == ["previous", "active"], switched
+    assert os.readlink(active) == f"{tmp_path}/venvs/b" and os.lstat(active).st_ino != before
+    assert os.readlink(tmp_path / "venv.previous") == f"{tmp_path}/venvs/a"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "venv",
+        "venv.previous",
+        "venvs",
+    ]  # no temporary link
+    again = run_module("mlstack.pve.ct_files", {"items": links})
+    assert again["changed"] is False, again
+    (tmp_path / "venvs" / "c").mkdir()
+    other = {"active": {**links["active"], "src": f"{tmp_path}/venvs/c"}}
+    play = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Point the link elsewhere
+      mlstack.pve.ct_files:
+        items: "{{ items }}"
+"""
+    planned = run_play(tmp_path, play, {"items": other}, "--check", "--diff")
+    assert planned.returncode == 0 and "changed: [localhost]" in planned.stdout, planned.stdout
+    assert f"-> {tmp_path}/venvs/c" in planned.stdout and os.readlink(active) == f"{tmp_path}/venvs/b"
+    folder = {"active": {"type": "link", "path": str(tmp_path / "venvs"), "src": "/x"}}
+    refused = run_module("mlstack.pve.ct_files", {"items": folder})
+    assert (
+        refused.get("failed")
+        and f"{tmp_path}/venvs exists and is a directory, not a symlink" in refused["msg"]
+    )

@@ -49,7 +49,9 @@ def spec(role: str) -> dict[str, Any]:
     return yaml.safe_load((ROLES / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
 
 
-def play(tmp_path: Path, rc: int, report: dict[str, Any], **evars: Any) -> tuple[Any, str]:
+def play(
+    tmp_path: Path, rc: int, report: dict[str, Any], playbook: str = RUN, **evars: Any
+) -> tuple[Any, str]:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True, exist_ok=True)
     (venv / "bin" / "mlstack-doctor").write_text(DOCTOR)
@@ -64,7 +66,7 @@ def play(tmp_path: Path, rc: int, report: dict[str, Any], **evars: Any) -> tuple
         **evars,
     }
     (tmp_path / "out").mkdir(exist_ok=True)
-    proc = run_play(tmp_path, RUN, values, env={"REPORT": str(tmp_path / "report.json"), "RC": str(rc)})
+    proc = run_play(tmp_path, playbook, values, env={"REPORT": str(tmp_path / "report.json"), "RC": str(rc)})
     argv = venv / "bin" / "argv"
     return proc, argv.read_text().strip() if argv.exists() else ""
 
@@ -213,21 +215,15 @@ def test_auto_runs_the_nccl_tier_where_the_full_tiers_report_lists_several_gpu_n
     # The GPU nodes come from the full tier's report (nvidia_device_nodes' evidence), not a search of /dev.
     full = {"probes": [{"name": "nvidia_device_nodes", "evidence": {"nodes": [{"path": p} for p in nodes]}}]}
     report = {"tier": "nccl", "summary": {"ok": True, "root_cause": None, "root_causes": []}, "probes": []}
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "mlstack-doctor").write_text(DOCTOR)
-    (venv / "bin" / "mlstack-doctor").chmod(0o755)
-    (tmp_path / "report.json").write_text(json.dumps(report))
-    values = {
-        "doctor_venv": str(venv),
-        "doctor_nccl_report_path": str(tmp_path / "out" / "nccl.json"),
-        "doctor_controller_report_dir": str(tmp_path / "reports"),
-        "doctor_nccl": "auto",
-        "doctor_expect_gpu": True,
-        "doctor_report": full,
-    }
-    (tmp_path / "out").mkdir()
-    proc = run_play(tmp_path, NCCL, values, env={"REPORT": str(tmp_path / "report.json"), "RC": "0"})
+    proc, argv = play(
+        tmp_path,
+        0,
+        report,
+        playbook=NCCL,
+        doctor_nccl_report_path=str(tmp_path / "out" / "nccl.json"),
+        doctor_nccl="auto",
+        doctor_expect_gpu=True,
+        doctor_report=full,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
-    argv = venv / "bin" / "argv"
-    assert (argv.exists() and argv.read_text().startswith("--tier nccl ")) is runs, proc.stdout[-3000:]
+    assert argv.startswith("--tier nccl ") is runs, proc.stdout[-3000:]

@@ -1,9 +1,8 @@
 """Writing what a role's state read (ct_state) found different: its files, folders and symlinks, in one
 pass inside the container. An item has the shape ct_state reads (type file, directory or link; path,
-mode, owner, group; a link's src),
-and a file's content comes beside it, by the same key: text, or bytes for a binary file (a wheel). A file
-is replaced atomically (report_files'
-replace_atomically), so a reader never sees half of it; an item already as wanted is left alone.
+mode, owner, group; a link's src), and a file's content comes beside it, by the same key: text, or bytes
+for a binary file (a wheel). A file is replaced atomically (report_files' replace_atomically), so a reader
+never sees half of it; an item already as wanted is left alone.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ options:
     description:
       - A file on the controller for a C(file) item, by the same key, instead of a text in C(contents); it
         may be binary (a wheel). The action plugin reads each one whose item is given and sends it with
-        the module's arguments, so the copy costs no extra round trip. The diff shows only its size.
+        the module's arguments, so the copy costs no extra round trip. The diff shows its size and sha1.
     type: dict
     default: {}
   contents_base64:

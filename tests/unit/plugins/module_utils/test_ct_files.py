@@ -45,6 +45,20 @@ def write(root: Path, contents: dict[str, str] | None = None) -> dict[str, Any]:
     )
 
 
+# The module as a play runs it (check and diff mode, -vvv), with the test's items, contents and sources.
+PLAY = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Write what differs
+      mlstack.pve.ct_files:
+        items: "{{ items }}"
+        contents: "{{ contents | default({}) }}"
+        sources: "{{ sources | default({}) }}"
+"""
+
+
 def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
@@ -82,17 +96,8 @@ def test_only_what_differs_is_written(tmp_path: Path) -> None:
 def test_check_mode_writes_nothing_and_shows_the_diff(tmp_path: Path) -> None:
     root = tmp_path / "opt"
     write(root)
-    play = """
-- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: Write what differs
-      mlstack.pve.ct_files:
-        items: "{{ items }}"
-        contents: {builder: "#!/bin/sh\\necho other\\n", lock: "version = 1\\n"}
-"""
-    out = run_play(tmp_path, play, {"items": items(root)}, "--check", "--diff")
+    other = {"builder": "#!/bin/sh\necho other\n", "lock": "version = 1\n"}
+    out = run_play(tmp_path, PLAY, {"items": items(root), "contents": other}, "--check", "--diff")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "-echo build" in out.stdout and "+echo other" in out.stdout, out.stdout
     assert "changed: [localhost]" in out.stdout
@@ -147,17 +152,7 @@ def test_a_binary_source_is_copied_with_its_folder_in_one_call(tmp_path: Path) -
     again = run_module("mlstack.pve.ct_files", {"items": wanted, "sources": {"wheel": str(wheel)}})
     assert again["changed"] is False, again
     wheel.write_bytes(data[::-1])
-    play = """
-- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: Copy the wheel
-      mlstack.pve.ct_files:
-        items: "{{ items }}"
-        sources: {wheel: "{{ wheel }}"}
-"""
-    out = run_play(tmp_path, play, {"items": wanted, "wheel": str(wheel)}, "--diff", "-vvv")
+    out = run_play(tmp_path, PLAY, {"items": wanted, "sources": {"wheel": str(wheel)}}, "--diff", "-vvv")
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"{len(data)} bytes from {wheel}" in out.stdout, out.stdout  # the arguments as -vvv shows them
     size = f"({len(data)} bytes, binary, sha1"
@@ -198,16 +193,7 @@ def test_a_link_is_pointed_at_its_target_by_a_rename_and_then_left_alone(tmp_pat
     assert again["changed"] is False, again
     (tmp_path / "venvs" / "c").mkdir()
     other = {"active": {**links["active"], "src": f"{tmp_path}/venvs/c"}}
-    play = """
-- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - name: Point the link elsewhere
-      mlstack.pve.ct_files:
-        items: "{{ items }}"
-"""
-    planned = run_play(tmp_path, play, {"items": other}, "--check", "--diff")
+    planned = run_play(tmp_path, PLAY, {"items": other}, "--check", "--diff")
     assert planned.returncode == 0 and "changed: [localhost]" in planned.stdout, planned.stdout
     assert f"-> {tmp_path}/venvs/c" in planned.stdout and os.readlink(active) == f"{tmp_path}/venvs/b"
     folder = {"active": {"type": "link", "path": str(tmp_path / "venvs"), "src": "/x"}}

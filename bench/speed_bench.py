@@ -2,7 +2,8 @@
 """Before and after, in one run on one machine: the same playbook runs from another commit's checkout
 (--baseline, a git worktree) and from this one, back to back, with the ratios.
 
-  .venv/bin/python bench/speed_bench.py --baseline REV [--skip-fleet] [--json out.json] [--logs DIR]
+  .venv/bin/python bench/speed_bench.py --baseline REV [--skip-fleet] [--rerun-repeats N] [--json out.json]
+      [--logs DIR]
 
 Needs the testbed up with 3 nodes (`make testbed`) and a warm machine (run it after `make provision`:
 the node's uv store holds the stack). Uses vmids 190-197, destroyed at the end. Figures, each as
@@ -12,6 +13,8 @@ baseline / this checkout:
   scratch;
 - changed=0 rerun of 1 node x 2 containers (CT 190-191): wall seconds, TASK headers printed, changed;
   each side's rerun follows one rerun of its own (the other side's run may differ in what it writes);
+  with --rerun-repeats N the sides take turns N times and each side's figure is its median run (all
+  its walls listed), as one rerun is about 10 s and one run's noise here is about 1 s;
 - 3 nodes x 2 containers first provision (CT 192-197), unless --skip-fleet.
 For every run: wall seconds and the CPU it cost the whole machine (/proc/stat) and the controller; for the
 first container, where its time goes: the task times (profile_tasks) summed per role, for both sides.
@@ -88,10 +91,16 @@ def timed(runner: Any, playbook: str, cts: Any, label: str) -> dict[str, Any]:
     return fig
 
 
-def both(sides: dict[str, Any], label: str, measure: Any) -> dict[str, dict[str, Any]]:
+def both(sides: dict[str, Any], label: str, measure: Any, repeats: int = 1) -> dict[str, dict[str, Any]]:
+    """Each side's figure; with repeats > 1 the sides take turns and each keeps its median run by wall."""
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    for turn in range(repeats):
+        for side, runner in sides.items():
+            runs[side].append(measure(runner, f"{label} ({side})" + (f" #{turn + 1}" if repeats > 1 else "")))
     out = {}
-    for side, runner in sides.items():
-        out[side] = measure(runner, f"{label} ({side})")
+    for side, figs in runs.items():
+        median = sorted(figs, key=lambda f: f["wall_s"])[len(figs) // 2]
+        out[side] = {**median, "walls_s": [f["wall_s"] for f in figs]} if repeats > 1 else median
     return out
 
 
@@ -101,6 +110,7 @@ def main() -> None:
     )
     parser.add_argument("--baseline", required=True, help="the commit to compare with (a tag, branch or sha)")
     parser.add_argument("--skip-fleet", action="store_true", help="leave out the 3 nodes x 2 containers runs")
+    parser.add_argument("--rerun-repeats", type=int, default=1, help="turns of the rerun (median kept)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--logs", type=Path, help="keep each playbook's output here")
     args = parser.parse_args()
@@ -144,7 +154,7 @@ def main() -> None:
         fig["second_container"] = both(sides, "second container", second)
         this("provision.yml", pair)
         print("changed=0 rerun, 1 node x 2:", flush=True)
-        fig["rerun_1x2"] = both(sides, "rerun 1x2", rerun)
+        fig["rerun_1x2"] = both(sides, "rerun 1x2", rerun, args.rerun_repeats)
         if not args.skip_fleet:
             this("destroy.yml", pair, mlstack_destroy_confirm=True)
             print("first provision, 3 nodes x 2:", flush=True)

@@ -50,6 +50,20 @@ def root_causes(report: dict[str, Any] | None) -> list[dict[str, Any]]:
     return [c for c in causes if isinstance(c, dict)]
 
 
+def not_run() -> dict[str, Any]:
+    """run_and_read's fields for a command that was not run, but rc: Ansible fails a task whose rc is set and
+    not 0."""
+    return {
+        "stdout": "",
+        "stdout_lines": [],
+        "stderr": "",
+        "missing": None,
+        "report": None,
+        "report_error": "not run",
+        "root_causes": [],
+    }
+
+
 def run_and_read(argv: list[str], report_path: str, run: Runner, read_on: tuple[int, ...]) -> dict[str, Any]:
     """rc, stdout and stderr as ansible.builtin.command returns them (one trailing newline dropped,
     stdout_lines), `missing` where the command cannot be started, and `report` (the parsed file) read

@@ -14,6 +14,9 @@ description:
     C(failed_when) and C(changed_when).
   - Where O(argv)'s first word is a path that is missing or not executable, nothing runs, V(rc) is 127
     and RV(missing) says why.
+  - With O(unless_differs), the same round trip first reads those items as M(mlstack.pve.ct_state) does,
+    and runs the command only where none differs (RV(ran)); a caller that installs the command checks the
+    install and runs it in one call. In check mode the items are read and nothing runs.
 options:
   argv:
     description: The command and its arguments.
@@ -29,6 +32,10 @@ options:
     type: list
     elements: int
     default: [0, 1]
+  unless_differs:
+    description:
+      - Items as M(mlstack.pve.ct_state) takes them, read before the command; where one differs, nothing runs.
+    type: dict
 author: mlstack maintainers
 """
 
@@ -43,10 +50,22 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+ran:
+  description: Whether the command ran (false where an item of O(unless_differs) differs, or in check mode).
+  type: bool
+  returned: always
+found:
+  description: What each item of O(unless_differs) was found to be, as M(mlstack.pve.ct_state) says it.
+  type: dict
+  returned: always
+differs:
+  description: For each item of O(unless_differs) not in the wanted state, why.
+  type: dict
+  returned: always
 rc:
   description: The command's exit code (127 when it could not be started).
   type: int
-  returned: always
+  returned: where it ran
 stdout:
   description: Its standard output, one trailing newline dropped.
   type: str
@@ -81,7 +100,8 @@ root_causes:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.mlstack.pve.plugins.module_utils.run_report import run_and_read
+from ansible_collections.mlstack.pve.plugins.module_utils.ct_state import read_state
+from ansible_collections.mlstack.pve.plugins.module_utils.run_report import not_run, run_and_read
 
 
 def main() -> None:
@@ -90,15 +110,20 @@ def main() -> None:
             "argv": {"type": "list", "elements": "str", "required": True},
             "report": {"type": "path", "required": True},
             "read_on": {"type": "list", "elements": "int", "default": [0, 1]},
+            "unless_differs": {"type": "dict"},
         },
-        supports_check_mode=False,
+        supports_check_mode=True,
     )
 
     def run(argv: list[str]) -> tuple[int, str, str]:
         return module.run_command(argv)
 
     p = module.params
-    module.exit_json(changed=False, **run_and_read(p["argv"], p["report"], run, tuple(p["read_on"])))
+    state = read_state(p["unless_differs"]) if p["unless_differs"] else {"found": {}, "differs": {}}
+    if state["differs"] or module.check_mode:
+        module.exit_json(changed=False, ran=False, **state, **not_run())
+    result = run_and_read(p["argv"], p["report"], run, tuple(p["read_on"]))
+    module.exit_json(changed=False, ran=True, **state, **result)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,9 @@ def torch_venv() -> Path:
                 "pip",
                 "install",
                 "-q",
+                # No bytecode compiled up front (half the install's CPU): the tests' imports compile what
+                # they use, once, into the venv.
+                "--no-compile",
                 f"torch=={TEST_TORCH}",
                 f"transformers=={TEST_TRANSFORMERS}",
             ],

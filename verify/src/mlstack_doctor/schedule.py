@@ -217,6 +217,23 @@ def _drop_units(spec: Spec, units: list[str], systemctl: Systemctl) -> list[str]
     return done
 
 
+# The unit file states `systemctl is-enabled` answers 0 for.
+_ENABLED = frozenset({"enabled", "enabled-runtime", "alias", "static", "indirect", "generated", "transient"})
+
+
+def _timer_states(systemctl: Systemctl, timers: list[str]) -> dict[str, tuple[bool, bool]]:
+    """Each timer's (enabled, active), all in one systemctl call (a rerun asks nothing else)."""
+    out = _must(systemctl, "show", "--property=Id,UnitFileState,ActiveState", *timers)
+    states: dict[str, tuple[bool, bool]] = {}
+    for block in out.split("\n\n"):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        states[props.get("Id", "")] = (
+            props.get("UnitFileState") in _ENABLED,
+            props.get("ActiveState") == "active",
+        )
+    return states
+
+
 def apply(spec: Spec, systemctl: Systemctl = _systemctl) -> list[str]:
     """Make the container's schedule match `spec`; the list says what changed (empty: nothing)."""
     done: list[str] = []
@@ -239,16 +256,18 @@ def apply(spec: Spec, systemctl: Systemctl = _systemctl) -> list[str]:
     done += _drop_units(spec, stale, systemctl)
     if rewritten or stale:
         _must(systemctl, "daemon-reload")
-    for run in spec.runs:
-        timer = f"{UNIT_PREFIX}{run.tier}.timer"
-        if systemctl(["is-enabled", "--quiet", timer]).returncode != 0:
+    timers = [f"{UNIT_PREFIX}{run.tier}.timer" for run in spec.runs]
+    states = _timer_states(systemctl, timers)
+    for timer in timers:
+        enabled, active = states.get(timer, (False, False))
+        if not enabled:
             _must(systemctl, "enable", timer)
             done.append(f"enabled {timer}")
         # A timer whose schedule changed is restarted, so the new schedule applies now.
         if timer in rewritten:
             _must(systemctl, "restart", timer)
             done.append(f"restarted {timer}")
-        elif systemctl(["is-active", "--quiet", timer]).returncode != 0:
+        elif not active:
             _must(systemctl, "start", timer)
             done.append(f"started {timer}")
     return done

@@ -1,11 +1,13 @@
 """mlstack.pve.run_report for real (ansible-playbook on localhost): the command's output and its report
-in one task, and the triton_warm role naming a missing doctor with its fix instead of an exec error."""
+in one task, run only where the items it reads first are as wanted (a plan only reads them), and the
+triton_warm role naming a missing doctor with its fix instead of an exec error."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
+import pytest
 from localplay import run_play
 
 RUN = """
@@ -24,6 +26,27 @@ RUN = """
     - name: Say what came back
       ansible.builtin.debug:
         msg: "rc={{ r.rc }} lines={{ r.stdout_lines | join('|') }} tier={{ r.report.tier }}"
+"""
+# The same run, only where the tool's settings file is the one wanted (as the doctor role checks its install).
+CHECKED = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Read the tool's settings, and run it where they are as wanted
+      mlstack.pve.run_report:
+        argv: ["{{ tool }}", "--output", "{{ out }}"]
+        report: "{{ out }}"
+        unless_differs:
+          settings: {type: file, path: "{{ settings }}", sha1: "{{ 'wanted' | hash('sha1') }}"}
+      register: r
+      changed_when: false
+
+    - name: Say what came back
+      ansible.builtin.debug:
+        msg: >-
+          ran={{ r.ran }} differs={{ r.differs }} rc={{ r.rc | default('none') }}
+          tier={{ r.report.tier | default('none') }}
 """
 WARM = """
 - hosts: localhost
@@ -61,6 +84,27 @@ def test_an_exit_code_of_2_fails_the_task(tmp_path: Path) -> None:
     evars = {"tool": str(tool(tmp_path)), "out": str(tmp_path / "report.json")}
     proc = play(tmp_path, RUN, evars, rc=2)
     assert proc.returncode == 2 and "not read: the command exited 2" in proc.stdout, proc.stdout[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("content", "flags", "said"),
+    [
+        ("wanted", (), "ran=True differs={} rc=0 tier=warm"),
+        ("edited", (), "ran=False differs={'settings': 'content differs'} rc=none tier=none"),
+        ("wanted", ("--check",), "ran=False differs={} rc=none tier=none"),
+    ],
+    ids=["as wanted: runs", "differs: nothing runs", "check mode: nothing runs"],
+)
+def test_the_command_runs_only_where_the_items_read_first_are_as_wanted(
+    tmp_path: Path, content: str, flags: tuple[str, ...], said: str
+) -> None:
+    settings = tmp_path / "settings"
+    settings.write_text(content)
+    out = tmp_path / "report.json"
+    evars = {"tool": str(tool(tmp_path)), "out": str(out), "settings": str(settings)}
+    proc = run_play(tmp_path, CHECKED, evars, *flags)
+    assert proc.returncode == 0 and said in proc.stdout, proc.stdout[-3000:]
+    assert out.exists() == said.startswith("ran=True")
 
 
 def test_triton_warm_names_a_missing_doctor_and_its_fix(tmp_path: Path) -> None:

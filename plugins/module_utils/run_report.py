@@ -51,7 +51,7 @@ def root_causes(report: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def not_run() -> dict[str, Any]:
-    """run_and_read's fields for a command that was not run, but rc: Ansible fails a task whose rc is set and
+    """run_and_read's fields for a command that was not run. No rc: Ansible fails a task whose rc is set and
     not 0."""
     return {
         "stdout": "",
@@ -71,16 +71,7 @@ def run_and_read(argv: list[str], report_path: str, run: Runner, read_on: tuple[
     report's `root_causes` (a doctor report's, [] for anything else)."""
     why = missing_command(argv)
     if why:
-        return {
-            "rc": 127,
-            "stdout": "",
-            "stdout_lines": [],
-            "stderr": why,
-            "missing": why,
-            "report": None,
-            "report_error": f"not run: {why}",
-            "root_causes": [],
-        }
+        return {**not_run(), "rc": 127, "stderr": why, "missing": why, "report_error": f"not run: {why}"}
     rc, out, err = run(argv)
     out, err = out.rstrip("\r\n"), err.rstrip("\r\n")
     result: dict[str, Any] = {

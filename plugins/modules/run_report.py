@@ -119,7 +119,7 @@ def main() -> None:
         return module.run_command(argv)
 
     p = module.params
-    state = read_state(p["unless_differs"]) if p["unless_differs"] else {"found": {}, "differs": {}}
+    state = read_state(p["unless_differs"] or {})
     if state["differs"] or module.check_mode:
         module.exit_json(changed=False, ran=False, **state, **not_run())
     result = run_and_read(p["argv"], p["report"], run, tuple(p["read_on"]))

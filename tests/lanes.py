@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lanes_cpu import CpuLedger
+
 REPO = Path(__file__).resolve().parents[1]
 LOGS = REPO / "build" / "test-lanes"
 PYTEST = [sys.executable, "-m", "pytest", "-q", "--durations=30", "-p", "tests.lanes_collect"]
@@ -299,6 +301,7 @@ class Runner:
         self.t0 = time.monotonic()
         self.busy0 = cpu_busy_seconds()
         self.lock = threading.Lock()
+        self.cpu = CpuLedger()
 
     def say(self, text: str) -> None:
         elapsed = int(time.monotonic() - self.t0)
@@ -322,7 +325,14 @@ class Runner:
         out = step.log.open("wb")
         out.write(f"$ {shlex.join(argv)}\n".encode())
         out.flush()
-        step.proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=self.env(step))
+        step.proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=self.env(step),
+            preexec_fn=self.cpu.enter(step.name),
+        )
         out.close()
         what = " ".join(step.paths) or " ".join(step.argv)
         self.say(f"{step.name} started: {what} (log {os.path.relpath(step.log, REPO)})")
@@ -333,6 +343,16 @@ class Runner:
         lines = step.log.read_text(errors="replace").splitlines()
         step.summary = next((m.group(1) for ln in reversed(lines) if (m := SUMMARY.match(ln))), f"exit {rc}")
         self.say(f"{step.name} {step.state} in {step.seconds:.0f} s: {step.summary}")
+
+    def holder(self, key: int | str) -> str | None:
+        """The running step a container's CPU counts to: the one holding its vmid; the ansible-core 2.21
+        controller's to the step running in it (one at a time holds it)."""
+        for s in self.steps:
+            if s.state != "running":
+                continue
+            if key in s.vmids or (isinstance(key, str) and s.name.startswith("core221-")):
+                return s.name
+        return None
 
     def progress(self, step: Step) -> str:
         tail = step.log.read_bytes()[-4000:] if step.log.exists() else b""
@@ -367,6 +387,7 @@ class Runner:
         self.collect_tree()
         heartbeat, beat_busy = time.monotonic(), cpu_busy_seconds()
         while True:
+            self.cpu.sample(self.holder)
             running = [s for s in self.steps if s.state == "running"]
             for s in running:
                 assert s.proc is not None
@@ -400,16 +421,21 @@ class Runner:
 
     def report(self) -> int:
         failed = [s for s in self.steps if s.state != "passed"]
-        print("\nstep                 result   seconds  runs  run-s  ctl-cpu  summary")
+        print("\nstep                 result   seconds    cpu-s  runs  run-s  ctl-cpu  summary")
         for s in self.steps:
             runs = s.runs()
             run_s = sum(float(r["seconds"]) for r in runs)  # type: ignore[arg-type]
             cpu = sum(float(r["controller_cpu"]) for r in runs)  # type: ignore[arg-type]
             print(
-                f"{s.name:<20} {s.state:<8} {s.seconds:>7.0f} {len(runs):>5} {run_s:>6.0f} {cpu:>8.0f}"
-                f"  {s.note or s.summary}"
+                f"{s.name:<20} {s.state:<8} {s.seconds:>7.0f} {self.cpu.seconds(s.name):>8.0f} {len(runs):>5}"
+                f" {run_s:>6.0f} {cpu:>8.0f}  {s.note or s.summary}"
             )
-        print("(runs: its tests' playbook runs; run-s: their wall seconds; ctl-cpu: their controller CPU)")
+        print(
+            "(cpu-s: CPU seconds of its processes and of the containers of its vmids; runs: its tests'"
+            " playbook runs; run-s: their wall seconds; ctl-cpu: their controller CPU)"
+        )
+        self.say(self.cpu_split())
+        self.cpu.cleanup(s.name for s in self.steps)
         self.say(self.coverage())
         for s in failed:
             if s.rc is not None:
@@ -424,6 +450,18 @@ class Runner:
         if failed:
             self.say(f"failed: {', '.join(s.name for s in failed)} (their last lines above)")
         return 1 if failed else 0
+
+    def cpu_split(self) -> str:
+        """The whole run's CPU: the steps' (as counted above), and what no step claims."""
+        if not self.cpu.enabled:
+            return "CPU per step: not counted (no writable cgroup tree here)"
+        busy = cpu_busy_seconds() - self.busy0
+        steps = sum(self.cpu.seconds(s.name) for s in self.steps)
+        return (
+            f"CPU: {busy:.0f} core-seconds in all; the steps {steps:.0f}; containers no running step held "
+            f"{self.cpu.unclaimed:.0f}; the rest {busy - steps - self.cpu.unclaimed:.0f} (the testbed's API "
+            "server, its nodes' sshd and pct, this runner)"
+        )
 
     def coverage(self) -> str:
         """Tests the tree collects against the tests the steps collected: a test no step runs shows here."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
 import lanes  # noqa: E402
+import lanes_cpu  # noqa: E402
 
 TEST_FILES = sorted(
     str(p.relative_to(REPO)) for root in ("verify/tests", "tests") for p in (REPO / root).rglob("test_*.py")
@@ -98,3 +100,43 @@ def test_a_failed_step_shows_its_first_failure_when_the_tail_is_elsewhere() -> N
     # Already among the last lines, or no failure at all: nothing more to show.
     assert lanes.first_failure(log[:20], tail=60) == ""
     assert lanes.first_failure([f"ok {i}" for i in range(200)], tail=60) == ""
+
+
+def test_a_steps_cpu_counts_its_processes_and_the_containers_it_holds(tmp_path: Path) -> None:
+    """On a fake cgroup tree: a container's use between samples counts to the step holding its vmid, a
+    container restarted under a new cgroup counts from zero, and one that no running step holds counts to
+    nobody's step."""
+    ledger = lanes_cpu.CpuLedger(tmp_path)
+    ct = tmp_path / "lxc.payload.150"
+    ct.mkdir()
+    (ct / "cpuacct.usage").write_text(str(5 * 10**9))  # before the run: nobody's
+    ledger.sample(lambda key: None)
+    assert ledger.enter("provisioned") is not None
+    (ledger.group("provisioned") / "cpuacct.usage").write_text(str(2 * 10**9))
+    ledger.start_usage["provisioned"] = 0.0
+    (ct / "cpuacct.usage").write_text(str(8 * 10**9))
+    restarted = tmp_path / "lxc.payload.150-1"
+    restarted.mkdir()
+    (restarted / "cpuacct.usage").write_text(str(1 * 10**9))
+    other = tmp_path / "lxc.payload.mlstack-controller-core221"
+    other.mkdir()
+    (other / "cpuacct.usage").write_text(str(4 * 10**9))
+    ledger.sample(lambda key: "provisioned" if key == 150 else None)
+    assert ledger.seconds("provisioned") == pytest.approx(2 + 3 + 1)
+    assert ledger.unclaimed == pytest.approx(4)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not lanes_cpu.CpuLedger().enabled, reason="needs a writable cgroup tree (root)"
+)
+def test_a_steps_cpu_is_read_from_a_real_cgroup() -> None:
+    """The machine's own cgroup tree: a child that spins half a second in a step's cgroup shows there."""
+    ledger = lanes_cpu.CpuLedger()
+    name = f"unit-{os.getpid()}"
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"
+    subprocess.run([sys.executable, "-c", spin], preexec_fn=ledger.enter(name), check=True)
+    try:
+        assert 0.4 <= ledger.seconds(name) < 5
+    finally:
+        ledger.cleanup([name])
+    assert not ledger.group(name).exists()

@@ -71,6 +71,9 @@ class Step:
     again: tuple[str, ...] = ()
     # Other things only one step at a time may hold.
     locks: tuple[str, ...] = ()
+    # The step whose fault suite's shared container (CT 160) this one starts from, where that step runs
+    # first and passes: it keeps the container rather than destroying it (MLSTACK_FAULTS_HANDOFF).
+    takes_from: str = ""
     # Filled in while it runs.
     state: str = "waiting"
     rc: int | None = None
@@ -132,8 +135,9 @@ PLAN = [
         node="none",
         isolated=False,
     ),
-    # One session: CT 160 is provisioned once for the suite, and the secrets grep reads every run's logs.
-    Step("faults", ("tests/faults",), vmids=span((160, 189))),
+    # One session: CT 160 is provisioned once for the suite (node-state's, kept for it), and the secrets
+    # grep reads every run's logs.
+    Step("faults", ("tests/faults",), vmids=span((160, 189)), takes_from="node-state"),
     # Template download (CT 943-944), README commands (CT 100), CT 120 for monitoring; vmids 133 and
     # 135-138 kept for new files.
     Step("provision", (PROVISION.rstrip("/"),), vmids=span(100, 120, 133, (135, 138), (943, 944))),
@@ -314,6 +318,11 @@ class Runner:
         if self.lanes > 1 and step.node != "exclusive":
             # tests/conftest.py: only check that the testbed is up, never `up` it or change its GPU model.
             env["MLSTACK_TESTBED_SHARED"] = "1"
+        # tests/faults/conftest.py: one first provision of CT 160 rather than one per step.
+        if any(s.takes_from == step.name for s in self.steps):
+            env["MLSTACK_FAULTS_HANDOFF"] = "keep"
+        elif any(s.name == step.takes_from and s.state == "passed" for s in self.steps):
+            env["MLSTACK_FAULTS_HANDOFF"] = "take"
         return env
 
     def start(self, step: Step) -> None:
@@ -339,6 +348,7 @@ class Runner:
 
     def finish(self, step: Step, rc: int) -> None:
         step.rc, step.seconds = rc, time.monotonic() - step.seconds
+        self.cpu.close(step.name)
         step.state = "passed" if rc == 0 else "failed"
         lines = step.log.read_text(errors="replace").splitlines()
         step.summary = next((m.group(1) for ln in reversed(lines) if (m := SUMMARY.match(ln))), f"exit {rc}")

@@ -53,6 +53,7 @@ class CpuLedger:
         self.counted: dict[str, float] = {}  # step -> its containers' CPU seconds
         self.unclaimed = 0.0
         self.start_usage: dict[str, float] = {}
+        self.closed: dict[str, float] = {}
         self.sample(lambda _key: None)  # what the containers used before the run is nobody's
 
     def group(self, step: str) -> Path:
@@ -74,9 +75,16 @@ class CpuLedger:
         return join
 
     def own_seconds(self, step: str) -> float:
+        if step in self.closed:
+            return self.closed[step]
         if step not in self.start_usage:
             return 0.0
         return usage_seconds(self.group(step)) - self.start_usage[step]
+
+    def close(self, step: str) -> None:
+        """The step's own CPU as it ends: a daemon it started (`testbed up` restarting the nodes' sshd)
+        keeps running in its cgroup, serving the steps after it, and is not this step's."""
+        self.closed[step] = self.own_seconds(step)
 
     def sample(self, holder: Callable[[int | str], str | None]) -> None:
         """Counts what each container used since the last sample to the step `holder` names for it."""

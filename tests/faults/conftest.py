@@ -154,14 +154,20 @@ def _no_leftovers(testbed: Any) -> None:
 def shared_ct(runner: Callable[..., Any], testbed: Any) -> Iterator[dict[str, Any]]:
     """CT 160, provisioned once by provision.yml (from scratch: a leftover is destroyed first; at -vvv,
     so the secrets grep sees every API call's arguments) and destroyed at the end of the session.
-    Faults that allow it run against it. MLSTACK_FAULTS_REUSE=1 keeps it between sessions (development)."""
+    Faults that allow it run against it. MLSTACK_FAULTS_REUSE=1 keeps it between sessions (development).
+    MLSTACK_FAULTS_HANDOFF hands it from one session to the next (make test's node-state step, which runs
+    the device-node fault, to its faults step): "keep" provisions it from scratch and keeps it, "take"
+    starts from the complete one kept (or from scratch without one) and destroys it at the end."""
     from tbhelpers import remove_ct
 
     entry = container(SHARED_VMID, hostname=f"fault-{SHARED_VMID}")
+    handoff = os.environ.get("MLSTACK_FAULTS_HANDOFF", "")
+    assert handoff in ("", "keep", "take"), f"MLSTACK_FAULTS_HANDOFF={handoff!r}: keep or take"
     reuse = os.environ.get("MLSTACK_FAULTS_REUSE") == "1"
-    if not reuse:
+    if not (reuse or handoff == "take"):
         remove_ct(testbed.proxmox(), testbed, SHARED_VMID)
-    if not (reuse and ct_sh(SHARED_VMID, "test -f /opt/mlstack/venv/.mlstack-complete").returncode == 0):
+    complete = ct_sh(SHARED_VMID, "test -f /opt/mlstack/venv/.mlstack-complete").returncode == 0
+    if not ((reuse or handoff == "take") and complete):
         # A first provision at -vvv beside make test's other steps: on 2 cores it has taken 15 minutes.
         first = runner(
             "provision.yml", [entry], env={"ANSIBLE_VERBOSITY": "3"}, timeout=1800, doctor_tier="quick"
@@ -170,7 +176,7 @@ def shared_ct(runner: Callable[..., Any], testbed: Any) -> Iterator[dict[str, An
     yield entry
     # Venvs the faults built aside live in the node's shared store, not in the container: remove them.
     ct_sh(SHARED_VMID, "rm -rf /var/cache/mlstack/uv/venvs/ct160-faults*")
-    if not reuse:
+    if not (reuse or handoff == "keep"):
         runner("destroy.yml", [entry], mlstack_destroy_confirm=True)
 
 

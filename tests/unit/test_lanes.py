@@ -140,3 +140,32 @@ def test_a_steps_cpu_is_read_from_a_real_cgroup() -> None:
     finally:
         ledger.cleanup([name])
     assert not ledger.group(name).exists()
+
+
+def test_the_fault_suites_container_is_handed_on_only_from_a_step_that_passed() -> None:
+    """node-state runs the device-node fault on CT 160 and keeps it; faults starts from it when node-state
+    passed, and from scratch otherwise (never from a container a failed step left)."""
+    steps = lanes.plan([])
+    runner = lanes.Runner(steps, [], 6)
+    keeper = next(s for s in steps if s.name == "node-state")
+    taker = next(s for s in steps if s.takes_from == keeper.name)
+    assert runner.env(keeper)["MLSTACK_FAULTS_HANDOFF"] == "keep"
+    assert "MLSTACK_FAULTS_HANDOFF" not in runner.env(taker)
+    keeper.state = "failed"
+    assert "MLSTACK_FAULTS_HANDOFF" not in runner.env(taker)
+    keeper.state = "passed"
+    assert runner.env(taker)["MLSTACK_FAULTS_HANDOFF"] == "take"
+    alone = lanes.Runner([keeper], [], 6)
+    assert "MLSTACK_FAULTS_HANDOFF" not in alone.env(keeper)
+
+
+def test_a_steps_own_cpu_stops_counting_when_it_ends(tmp_path: Path) -> None:
+    """A daemon a step started (the nodes' sshd after `testbed up`) lives on in its cgroup: what it uses
+    after the step ended is not the step's."""
+    ledger = lanes_cpu.CpuLedger(tmp_path)
+    ledger.enter("node-state")
+    usage = ledger.group("node-state") / "cpuacct.usage"
+    usage.write_text(str(3 * 10**9))
+    ledger.close("node-state")
+    usage.write_text(str(50 * 10**9))
+    assert ledger.seconds("node-state") == pytest.approx(3)

@@ -16,6 +16,11 @@ from doctor_testlib import (
     TEST_TRANSFORMERS,
 )
 
+# The torch venv is installed without bytecode; each doctor the tests start imports torch and
+# transformers. With PYTHONDONTWRITEBYTECODE set (some CI shells set it) no import would write its .pyc,
+# and every one of those processes would compile torch again from source (seconds of CPU each).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 
 @pytest.fixture(scope="session")
 def torch_venv() -> Path:
@@ -34,7 +39,7 @@ def torch_venv() -> Path:
                 "install",
                 "-q",
                 # No bytecode compiled up front (half the install's CPU): the tests' imports compile what
-                # they use, once, into the venv.
+                # they use, once, into the venv (with bytecode writing on: see above).
                 "--no-compile",
                 f"torch=={TEST_TORCH}",
                 f"transformers=={TEST_TRANSFORMERS}",

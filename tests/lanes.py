@@ -431,18 +431,21 @@ class Runner:
 
     def report(self) -> int:
         failed = [s for s in self.steps if s.state != "passed"]
-        print("\nstep                 result   seconds    cpu-s  runs  run-s  ctl-cpu  summary")
+        print("\nstep                 result   seconds    cpu-s  runs  run-s  ctl-cpu  ct-cpu  summary")
         for s in self.steps:
             runs = s.runs()
-            run_s = sum(float(r["seconds"]) for r in runs)  # type: ignore[arg-type]
-            cpu = sum(float(r["controller_cpu"]) for r in runs)  # type: ignore[arg-type]
+            run_s, cpu, inside = (
+                sum(float(r.get(key, 0.0)) for r in runs)  # type: ignore[arg-type]
+                for key in ("seconds", "controller_cpu", "containers_cpu")
+            )
             print(
                 f"{s.name:<20} {s.state:<8} {s.seconds:>7.0f} {self.cpu.seconds(s.name):>8.0f} {len(runs):>5}"
-                f" {run_s:>6.0f} {cpu:>8.0f}  {s.note or s.summary}"
+                f" {run_s:>6.0f} {cpu:>8.0f} {inside:>7.0f}  {s.note or s.summary}"
             )
         print(
             "(cpu-s: CPU seconds of its processes and of the containers of its vmids; runs: its tests'"
-            " playbook runs; run-s: their wall seconds; ctl-cpu: their controller CPU)"
+            " playbook runs; run-s: their wall seconds; ctl-cpu: their controller CPU; ct-cpu: the CPU"
+            " inside their containers)"
         )
         self.say(self.cpu_split())
         self.cpu.cleanup(s.name for s in self.steps)

@@ -38,12 +38,22 @@ def container_key(group: str) -> int | str:
     return int(head) if head.isdigit() else name
 
 
+def default_root() -> Path:
+    return V1 if V1.is_dir() else V2
+
+
+def containers_seconds(vmids: Iterable[int], root: Path | None = None) -> float:
+    """CPU seconds the containers of these vmids have used so far, over every cgroup LXC made for each
+    (a playbook run's before and after: what its work inside them cost)."""
+    wanted = set(vmids)
+    groups = (root or default_root()).glob(LXC_PREFIX + "*")
+    return sum(usage_seconds(g) for g in groups if container_key(g.name) in wanted)
+
+
 class CpuLedger:
     def __init__(self, root: Path | None = None) -> None:
-        if root is None:
-            root = V1 if V1.is_dir() else V2
-        self.root = root
-        self.own = root / OWN
+        self.root = root or default_root()
+        self.own = self.root / OWN
         try:
             self.own.mkdir(exist_ok=True)
             self.enabled = os.access(self.own, os.W_OK)

@@ -151,21 +151,39 @@ def make_runner(
         run_env = dict(os.environ, ANSIBLE_CONFIG=str(repo / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
         run_env.update(env or {})
         run_env["PATH"] = f"{VENV_BIN}:{run_env['PATH']}"
+        # Bad-input tests pass vmids that are no number: those containers never exist.
+        entries = [c for cts in per_node.values() if isinstance(cts, list) for c in cts]
+        vmids = [int(v) for c in entries if isinstance(c, dict) and str(v := c.get("vmid", "")).isdigit()]
         before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
+        inside = containers_cpu(vmids)
         proc = subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout, env=run_env, cwd=repo, check=False
         )
         result = PlaybookRun(proc.returncode, proc.stdout + proc.stderr)
-        record_run(playbook, result, time.monotonic() - t0, before)
+        record_run(playbook, result, time.monotonic() - t0, before, containers_cpu(vmids) - inside)
         return result
 
     return run
 
 
-def record_run(playbook: str, result: PlaybookRun, seconds: float, before: resource.struct_rusage) -> None:
+def containers_cpu(vmids: list[int]) -> float:
+    """CPU its containers have used so far (tests/lanes_cpu.py), where make test's steps count it."""
+    if not os.environ.get("MLSTACK_TEST_RUN_LEDGER"):
+        return 0.0
+    if str(REPO / "tests") not in sys.path:
+        sys.path.insert(0, str(REPO / "tests"))
+    from lanes_cpu import containers_seconds
+
+    return containers_seconds(vmids)
+
+
+def record_run(
+    playbook: str, result: PlaybookRun, seconds: float, before: resource.struct_rusage, inside: float = 0.0
+) -> None:
     """One line per playbook run in the file MLSTACK_TEST_RUN_LEDGER names (tests/lanes.py sets it per
-    step): which test ran what, how long, and the controller CPU it cost, so a step's time can be told
-    apart into its runs."""
+    step): which test ran what, how long, the controller CPU it cost and the CPU inside its containers
+    (none where a container was destroyed during the run), so a step's time can be told apart into its
+    runs."""
     ledger = os.environ.get("MLSTACK_TEST_RUN_LEDGER")
     if not ledger:
         return
@@ -177,6 +195,7 @@ def record_run(playbook: str, result: PlaybookRun, seconds: float, before: resou
         "rc": result.rc,
         "seconds": round(seconds, 2),
         "controller_cpu": round(cpu, 2),
+        "containers_cpu": round(max(inside, 0.0), 2),
         "tasks": result.output.count("\nTASK ["),
     }
     with open(ledger, "a", encoding="utf-8") as f:

@@ -169,3 +169,15 @@ def test_a_steps_own_cpu_stops_counting_when_it_ends(tmp_path: Path) -> None:
     ledger.close("node-state")
     usage.write_text(str(50 * 10**9))
     assert ledger.seconds("node-state") == pytest.approx(3)
+
+
+def test_a_runs_containers_cpu_sums_every_cgroup_of_its_vmids(tmp_path: Path) -> None:
+    """A playbook run's CPU inside its containers: each container's cgroups (one per incarnation LXC
+    made), none of another vmid or of a container that is not a vmid."""
+    groups = {"150": 2, "150-1": 3, "151": 7, "1500": 11, "mlstack-controller-core221": 13}
+    for name, seconds in groups.items():
+        (tmp_path / f"lxc.payload.{name}").mkdir()
+        (tmp_path / f"lxc.payload.{name}" / "cpuacct.usage").write_text(str(seconds * 10**9))
+    assert lanes_cpu.containers_seconds([150], tmp_path) == pytest.approx(5)
+    assert lanes_cpu.containers_seconds([150, 151], tmp_path) == pytest.approx(12)
+    assert lanes_cpu.containers_seconds([], tmp_path) == 0

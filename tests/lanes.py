@@ -435,7 +435,7 @@ class Runner:
         for s in self.steps:
             runs = s.runs()
             run_s, cpu, inside = (
-                sum(float(r.get(key, 0.0)) for r in runs)  # type: ignore[arg-type]
+                sum(float(r[key]) for r in runs)  # type: ignore[arg-type]
                 for key in ("seconds", "controller_cpu", "containers_cpu")
             )
             print(

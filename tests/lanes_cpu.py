@@ -59,12 +59,16 @@ class CpuLedger:
             self.enabled = os.access(self.own, os.W_OK)
         except OSError:
             self.enabled = False
-        self.seen: dict[str, float] = {}  # container cgroup -> its usage at the last sample
+        # Container cgroup -> its usage at the last sample; what they used before the run is nobody's.
+        self.seen = {g.name: usage_seconds(g) for g in self.containers()}
         self.counted: dict[str, float] = {}  # step -> its containers' CPU seconds
         self.unclaimed = 0.0
         self.start_usage: dict[str, float] = {}
         self.closed: dict[str, float] = {}
-        self.sample(lambda _key: None)  # what the containers used before the run is nobody's
+
+    def containers(self) -> list[Path]:
+        """LXC's container cgroups, where the ledger counts (none without a writable tree)."""
+        return list(self.root.glob(LXC_PREFIX + "*")) if self.enabled else []
 
     def group(self, step: str) -> Path:
         return self.own / step
@@ -98,14 +102,11 @@ class CpuLedger:
 
     def sample(self, holder: Callable[[int | str], str | None]) -> None:
         """Counts what each container used since the last sample to the step `holder` names for it."""
-        if not self.enabled:
-            return
-        for group in self.root.glob(LXC_PREFIX + "*"):
+        for group in self.containers():
             now = usage_seconds(group)
             before = self.seen.get(group.name)
             self.seen[group.name] = now
-            if before is None and not self.start_usage:
-                continue  # the first sample, before any step ran
+            # A cgroup new since the last sample (a container made or restarted) counts from zero.
             delta = now - before if before is not None and now >= before else now
             if delta <= 0:
                 continue

@@ -164,10 +164,10 @@ def shared_ct(runner: Callable[..., Any], testbed: Any) -> Iterator[dict[str, An
     handoff = os.environ.get("MLSTACK_FAULTS_HANDOFF", "")
     assert handoff in ("", "keep", "take"), f"MLSTACK_FAULTS_HANDOFF={handoff!r}: keep or take"
     reuse = os.environ.get("MLSTACK_FAULTS_REUSE") == "1"
-    if not (reuse or handoff == "take"):
+    kept = reuse or handoff == "take"
+    if not kept:
         remove_ct(testbed.proxmox(), testbed, SHARED_VMID)
-    complete = ct_sh(SHARED_VMID, "test -f /opt/mlstack/venv/.mlstack-complete").returncode == 0
-    if not ((reuse or handoff == "take") and complete):
+    if not (kept and ct_sh(SHARED_VMID, "test -f /opt/mlstack/venv/.mlstack-complete").returncode == 0):
         # A first provision at -vvv beside make test's other steps: on 2 cores it has taken 15 minutes.
         first = runner(
             "provision.yml", [entry], env={"ANSIBLE_VERBOSITY": "3"}, timeout=1800, doctor_tier="quick"

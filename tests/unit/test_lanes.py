@@ -106,14 +106,12 @@ def test_a_steps_cpu_counts_its_processes_and_the_containers_it_holds(tmp_path: 
     """On a fake cgroup tree: a container's use between samples counts to the step holding its vmid, a
     container restarted under a new cgroup counts from zero, and one that no running step holds counts to
     nobody's step."""
-    ledger = lanes_cpu.CpuLedger(tmp_path)
     ct = tmp_path / "lxc.payload.150"
     ct.mkdir()
     (ct / "cpuacct.usage").write_text(str(5 * 10**9))  # before the run: nobody's
-    ledger.sample(lambda key: None)
+    ledger = lanes_cpu.CpuLedger(tmp_path)
     assert ledger.enter("provisioned") is not None
     (ledger.group("provisioned") / "cpuacct.usage").write_text(str(2 * 10**9))
-    ledger.start_usage["provisioned"] = 0.0
     (ct / "cpuacct.usage").write_text(str(8 * 10**9))
     restarted = tmp_path / "lxc.payload.150-1"
     restarted.mkdir()

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from . import client, controller, paths
+from . import controller, paths
 from .lxc import realct, rootfs
 from .node import daemons, gpu, host_setup, nodes, nvdriver, nvsmi, sshd
 from .proc import report_up, say
@@ -153,7 +153,7 @@ def refuse_dropping_busy_nodes(previous: list[nodes.Node], cluster: list[nodes.N
     dropped = {n.name for n in previous[len(cluster) :]}
     if not dropped:
         return
-    held = [f"CT {c['vmid']} on {c['node']}" for c in client.saved_cts() if c.get("node") in dropped]
+    held = [f"CT {c['vmid']} on {c['node']}" for c in paths.saved_cts() if c.get("node") in dropped]
     if held:
         raise RuntimeError(
             f"--nodes {len(cluster)} would drop {', '.join(sorted(dropped))}, which still hold(s) "
@@ -246,7 +246,7 @@ def collect_status() -> dict[str, Any]:
     cluster = nodes.cluster()
     ssh = {n.name: sshd.running(n) for n in cluster}
     cts = []
-    for item in client.saved_cts():
+    for item in paths.saved_cts():
         real, pid = realct.state(int(item["vmid"]))
         cts.append(
             {
@@ -323,7 +323,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def testbed_vmids() -> list[int]:
     """Containers of the testbed: those in its API state, and real ones carrying its config header."""
     vmids = set()
-    vmids |= {int(c["vmid"]) for c in client.saved_cts()}
+    vmids |= {int(c["vmid"]) for c in paths.saved_cts()}
     for d in paths.LXC_PATH.glob("*/config") if paths.LXC_PATH.is_dir() else []:
         first = d.read_text(errors="replace").split("\n", 1)[0]
         if d.parent.name.isdigit() and realct.ORIGIN in first:

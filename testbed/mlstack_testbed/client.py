@@ -58,14 +58,6 @@ def load(path: Path = paths.TESTBED_JSON) -> Testbed:
     return tb
 
 
-def saved_cts() -> list[dict[str, Any]]:
-    """The containers the API server saved last (api-state.json: vmid, node, config, ...); none before
-    its first save."""
-    if not paths.API_STATE.is_file():
-        return []
-    return list(json.loads(paths.API_STATE.read_text()).get("cts", []))
-
-
 def wait_task(api: Any, node: str, upid: str, timeout: float = 300) -> dict[str, Any]:
     """Poll a task until it stops; returns its status (exitstatus 'OK' on success)."""
     deadline = time.monotonic() + timeout

@@ -3,6 +3,7 @@
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 STATE_DIR = Path(os.environ.get("MLSTACK_TESTBED_STATE", "/var/lib/mlstack-testbed"))
 TESTBED_JSON = STATE_DIR / "testbed.json"
@@ -115,3 +116,11 @@ def cluster_nodes() -> list[str]:
     except (OSError, ValueError, KeyError):
         return [FIRST_NODE]
     return [str(n) for n in names] or [FIRST_NODE]
+
+
+def saved_cts() -> list[dict[str, Any]]:
+    """The containers the API server saved last (api-state.json: vmid, node, config, ...); none before
+    its first save."""
+    if not API_STATE.is_file():
+        return []
+    return list(json.loads(API_STATE.read_text()).get("cts", []))

@@ -15,8 +15,9 @@ from .. import paths
 from ..proc import run
 from . import hostroot, lxcconf
 
-# The layout is realct's API too (realct.ct_dir etc.); it lives in ctlayout because hostroot needs it as well.
-from .ctlayout import ct_dir, passthrough_dir, rootfs_dir
+# The layout and the state reads are realct's API too (realct.ct_dir, realct.state etc.); they live in
+# ctlayout because hostroot needs the layout as well, and `pct exec` the state without the lifecycle.
+from .ctlayout import ct_dir, exists, passthrough_dir, rootfs_dir, state  # noqa: F401
 
 IDMAP = lxcconf.IdMap(paths.IDMAP_BASE, paths.IDMAP_SIZE)
 # In the first line of every config the testbed writes: `down --purge` destroys only containers carrying it.
@@ -26,23 +27,6 @@ BRIDGES = {paths.BRIDGE: paths.HOST_BRIDGE, paths.HOST_BRIDGE: paths.HOST_BRIDGE
 
 class RealCtError(RuntimeError):
     pass
-
-
-def exists(vmid: int) -> bool:
-    return (ct_dir(vmid) / "config").is_file()
-
-
-def state(vmid: int) -> tuple[str, int | None]:
-    """('running' | 'stopped' | 'missing', pid)."""
-    if not exists(vmid):
-        return "missing", None
-    r = run(["lxc-info", "-n", str(vmid), "-s", "-p"], timeout=15)
-    if not r.ok:
-        return "stopped", None
-    found = re.search(r"^State:\s*(\S+)", r.out, re.M)
-    status = "running" if found and found.group(1) == "RUNNING" else "stopped"
-    pid = re.search(r"^PID:\s*(\d+)", r.out, re.M)
-    return status, int(pid.group(1)) if status == "running" and pid else None
 
 
 def apparmor_enabled() -> bool:

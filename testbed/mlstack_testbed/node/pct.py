@@ -11,12 +11,13 @@ translation on a local config file per container, no API server. MLSTACK_TESTBED
 """
 
 import os
-import platform
 import sys
 from typing import Any, NoReturn
 
-from .. import client, paths
-from ..lxc import realct
+# Only what `pct exec` needs at the top (every task in a container runs it): the API client, proxmoxer and
+# the LXC lifecycle are imported by the verbs that use them.
+from .. import paths
+from ..lxc import ctlayout
 
 USAGE = """usage: pct <command> <vmid> [ARGS] [OPTIONS]
   pct exec <vmid> [--keep-env 0|1] [-- <command> [args...]]
@@ -74,6 +75,8 @@ def vmid_arg(text: str) -> int:
 
 class Api:
     def __init__(self) -> None:
+        from .. import client
+
         self.tb = client.load()
         self.api = self.tb.proxmox()
         # The node whose SSH this pct runs on (its stand-in script sets MLSTACK_TESTBED_NODE).
@@ -91,6 +94,8 @@ class Api:
             die("\n".join(lines))
 
     def wait(self, upid: str) -> None:
+        from .. import client
+
         status = client.wait_task(self.api, self.node, upid)
         if status.get("exitstatus") != "OK":
             for line in client.task_log(self.api, self.node, upid)[:-1]:
@@ -194,14 +199,14 @@ def api_node_of(vmid: int) -> str | None:
     if direct_mode():
         return None
     try:
-        cts = client.saved_cts()
+        cts = paths.saved_cts()
     except (OSError, ValueError):
         return None
     return next((str(c.get("node") or paths.FIRST_NODE) for c in cts if int(c["vmid"]) == vmid), None)
 
 
 def need_running(vmid: int) -> None:
-    status, _ = realct.state(vmid)
+    status, _ = ctlayout.state(vmid)
     node = api_node_of(vmid)
     # A container of another node of the cluster is not on this one: PVE's pct finds no config here.
     if status == "missing" or (node is not None and node != paths.NODE):
@@ -341,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def pveversion_main() -> int:
     """`pveversion`: PVE's one-line form (and -v), matching the fakepve API version."""
+    import platform
+
     from fakepve.model import Model
 
     version = Model().version

@@ -208,3 +208,36 @@ def test_other_backward_failure_fails_without_a_stamp(ctx: Context, tmp_path: Pa
     r = warm_probe.triton_warm(ctx)
     assert r.status is Status.FAIL and r.code == "GPU_OUT_OF_MEMORY"
     assert not list((tmp_path / warm.STAMP_DIR).glob("*.json"))
+
+
+def test_a_warm_rerun_does_not_build_the_config_again(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm tier on a warm key: model_config parses the config and names the warm that built it, with no
+    worker (no transformers import); a cold key, or --rewarm, still builds it."""
+    from mlstack_doctor.probes import gpu, model
+
+    built: list[str] = []
+    call = gpu.call
+
+    def build(c: Context, probe: str, op: str, *args: Any, **kwargs: Any) -> runner.WorkerResult:
+        if op != "model_config":
+            return call(c, probe, op, *args, **kwargs)
+        built.append(op)
+        answer = {"ok": True, "transformers": VERSIONS["transformers"], "config_class": "Qwen3_5TextConfig"}
+        return runner.WorkerResult(runner.RunResult(["w_model.py"], 0, "", "", 1.0), answer)
+
+    monkeypatch.setattr(gpu, "call", build)
+    monkeypatch.setattr(model, "installed", VERSIONS.get)
+    monkeypatch.setattr(FakeSession, "imports", {}, raising=False)
+    cold = model.model_config(ctx)
+    assert cold.status is Status.PASS and built == ["model_config"], cold.summary
+    warm_probe.triton_warm(ctx)
+    again = model.model_config(ctx)
+    key = warm.cache_key(warm_probe.setup(ctx)[1])
+    assert again.status is Status.PASS and built == ["model_config"], again.summary
+    assert again.summary.startswith(f"qwen3_5_text config parsed; built at the warm of key {key}")
+    assert again.evidence["warm_key"] == key
+    ctx.opts.rewarm = True
+    model.model_config(ctx)
+    assert built == ["model_config"] * 2

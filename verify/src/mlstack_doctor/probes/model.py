@@ -158,6 +158,16 @@ def model_config(ctx: Context) -> Result:
         if bad is not None:
             return bad
     ctx.facts["model"] = where
+    # A rerun of the warm tier on a warm key: the warm of that key built this config and trained it with the
+    # same packages (they are in the key), so building it again proves nothing new and costs the imports.
+    warm_key = warm_probe.warm_here(ctx)
+    if warm_key is not None:
+        key, stamp = warm_key
+        summary = (
+            f"{raw['model_type']} config parsed; built at the warm of key {key} "
+            f"(warmed {stamp.get('finished')}, same packages): not built again"
+        )
+        return passed(name, stage, summary, warm_key=key, **ev)
     if installed("transformers") is None:
         return warned(
             name,

@@ -58,6 +58,15 @@ def setup(ctx: Context) -> tuple[dict[str, Any], dict[str, Any], int]:
     return cfg, parts, int(full or 0)
 
 
+def warm_here(ctx: Context) -> tuple[str, dict[str, Any]] | None:
+    """In the warm tier, the key and stamp when this run's key is already warm in this cache (its config was
+    built, and run forward and backward, with these very packages); else None. ctx.facts["model"] is set."""
+    if ctx.opts.tier != "warm" or ctx.opts.rewarm:
+        return None
+    decision = warm.decide(cache_dir(), setup(ctx)[1])
+    return None if decision.warm else (decision.key, decision.stamp or {})
+
+
 def _share(ctx: Context, cache: str) -> Path | None:
     """The cluster's cache as this host sees it (--warm-share DIR), the node's own share folder inside the
     cache (--warm-share alone: the controller's copies land there), or None (no sharing)."""

@@ -74,6 +74,8 @@ class Step:
     # The step whose fault suite's shared container (CT 160) this one starts from, where that step runs
     # first and passes: it keeps the container rather than destroying it (MLSTACK_FAULTS_HANDOFF).
     takes_from: str = ""
+    # Environment of its command (tests/faults/conftest.py's MLSTACK_FAULTS_VMIDS).
+    env: tuple[tuple[str, str], ...] = ()
     # Filled in while it runs.
     state: str = "waiting"
     rc: int | None = None
@@ -135,9 +137,22 @@ PLAN = [
         node="none",
         isolated=False,
     ),
-    # One session: CT 160 is provisioned once for the suite (node-state's, kept for it), and the secrets
-    # grep reads every run's logs.
-    Step("faults", ("tests/faults",), vmids=span((160, 189)), takes_from="node-state"),
+    # The fault suite in two sessions at once, each on a shared container of its own, each grepping its own
+    # runs' logs for secrets: 160-169 (CT 160, node-state's, kept for it), and 170-189 (CT 170) for the
+    # faults that wait on the API, apt's lock and the preflight. One session would be the longest step.
+    Step("faults", ("tests/faults",), vmids=span((160, 169)), takes_from="node-state"),
+    Step(
+        "faults-2",
+        (
+            "tests/faults/test_fault_apt.py",
+            "tests/faults/test_fault_api.py",
+            "tests/faults/test_fault_metachar.py",
+            "tests/faults/test_fault_preflight.py",
+        ),
+        again=("tests/faults/test_fault_secrets.py",),
+        vmids=span((170, 189)),
+        env=(("MLSTACK_FAULTS_VMIDS", "170-189"),),
+    ),
     # Template download (CT 943-944), README commands (CT 100), CT 120 for monitoring; vmids 133 and
     # 135-138 kept for new files.
     Step("provision", (PROVISION.rstrip("/"),), vmids=span(100, 120, 133, (135, 138), (943, 944))),
@@ -323,6 +338,7 @@ class Runner:
             env["MLSTACK_FAULTS_HANDOFF"] = "keep"
         elif any(s.name == step.takes_from and s.state == "passed" for s in self.steps):
             env["MLSTACK_FAULTS_HANDOFF"] = "take"
+        env.update(step.env)
         return env
 
     def start(self, step: Step) -> None:

@@ -1,7 +1,8 @@
 """Fixtures of the fault suite: faults injected for real on the testbed, each followed by the state it
 left and a rerun. Reuses tests/provision/playbook_runner.py's runner (imported, not copied) and the
 testbed fixture of tests/conftest.py. Containers of this suite use vmids 160-189; CT 160 is provisioned
-once and shared by the faults that allow it.
+once and shared by the faults that allow it. MLSTACK_FAULTS_VMIDS (FIRST-LAST) gives a session part of
+that range, for two sessions at once (make test's two fault steps): its first vmid is its shared CT.
 
 Every playbook run's output, and the log file Ansible writes (ANSIBLE_LOG_PATH), is kept under one
 folder per session, which test_fault_secrets.py greps for the secrets the suite used."""
@@ -34,8 +35,18 @@ from playbook_runner import PlaybookRun, container, make_runner  # noqa: E402
 
 __all__ = ["REPO", "PlaybookRun", "container"]
 
-SHARED_VMID = 160
-VMIDS = range(160, 190)
+SUITE_VMIDS = range(160, 190)
+
+
+def _vmids() -> range:
+    first, _, last = os.environ.get("MLSTACK_FAULTS_VMIDS", "160-189").partition("-")
+    mine = range(int(first), int(last) + 1)
+    assert mine and set(mine) <= set(SUITE_VMIDS), f"MLSTACK_FAULTS_VMIDS={first}-{last}: within 160-189"
+    return mine
+
+
+VMIDS = _vmids()
+SHARED_VMID = VMIDS[0]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -140,8 +151,9 @@ def runner(
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_leftovers(testbed: Any) -> None:
-    """Containers 161-189 left by an interrupted earlier session are removed first: each fault starts
-    from a known state (autouse here applies to this directory's tests only)."""
+    """This session's containers (161-189 but the shared one) left by an interrupted earlier session are
+    removed first: each fault starts from a known state (autouse here applies to this directory's tests
+    only)."""
     from tbhelpers import remove_ct
 
     session_api = testbed.proxmox()
@@ -152,8 +164,8 @@ def _no_leftovers(testbed: Any) -> None:
 
 @pytest.fixture(scope="session")
 def shared_ct(runner: Callable[..., Any], testbed: Any) -> Iterator[dict[str, Any]]:
-    """CT 160, provisioned once by provision.yml (from scratch: a leftover is destroyed first; at -vvv,
-    so the secrets grep sees every API call's arguments) and destroyed at the end of the session.
+    """The shared CT (160), provisioned once by provision.yml (from scratch: a leftover is destroyed first;
+    at -vvv, so the secrets grep sees every API call's arguments) and destroyed at the end of the session.
     Faults that allow it run against it. MLSTACK_FAULTS_REUSE=1 keeps it between sessions (development).
     MLSTACK_FAULTS_HANDOFF hands it from one session to the next (make test's node-state step, which runs
     the device-node fault, to its faults step): "keep" provisions it from scratch and keeps it, "take"
@@ -175,20 +187,21 @@ def shared_ct(runner: Callable[..., Any], testbed: Any) -> Iterator[dict[str, An
         assert first.rc == 0, first.output[-4000:]
     yield entry
     # Venvs the faults built aside live in the node's shared store, not in the container: remove them.
-    ct_sh(SHARED_VMID, "rm -rf /var/cache/mlstack/uv/venvs/ct160-faults*")
+    ct_sh(SHARED_VMID, f"rm -rf /var/cache/mlstack/uv/venvs/ct{SHARED_VMID}-faults*")
     if not (reuse or handoff == "keep"):
         runner("destroy.yml", [entry], mlstack_destroy_confirm=True)
 
 
 @pytest.fixture
 def fresh_vmid(testbed: Any) -> Iterator[Callable[[int], int]]:
-    """fresh_vmid(n): vmid n (161-189) removed now and at the end of the test."""
+    """fresh_vmid(n): vmid n (one of this session's, not the shared CT) removed now and at the end of the
+    test."""
     from tbhelpers import remove_ct
 
     taken: list[int] = []
 
     def take(vmid: int) -> int:
-        assert 161 <= vmid <= 189, "fault tests use vmids 161-189 (160 is the shared CT)"
+        assert vmid in VMIDS and vmid != SHARED_VMID, f"fault vmids here: {VMIDS}, not CT {SHARED_VMID}"
         remove_ct(testbed.proxmox(), testbed, vmid)
         taken.append(vmid)
         return vmid

@@ -1,5 +1,5 @@
 """The PVE API endpoint down: before a run (the preflight says so, changing nothing) and in the middle
-of one (just before the create call of a new container, CT 165: a rerun of the shared CT's unchanged
+of one (just before the create call of a new container, CT 175: a rerun of the shared CT's unchanged
 config makes no API call after the preflight's read). The API is reached through a forwarder only these
 runs use, so the testbed's API stays up for everybody else; cutting the forwarder is the endpoint going
 away."""
@@ -35,7 +35,7 @@ def test_api_down_before_and_during_a_run(
     fresh_vmid: Any,
 ) -> None:
     vmid = int(shared_ct["vmid"])
-    new_ct = container(fresh_vmid(165), hostname="fault-165")
+    new_ct = container(fresh_vmid(175), hostname="fault-175")
     via_link = {
         "mlstack_pve_api_port": api_link.port,
         "gpu_container_api_retries": 2,
@@ -89,7 +89,7 @@ def test_destroy_reads_again_when_the_api_drops_out(
     made again and the container is removed."""
     from tbhelpers import wait_ok
 
-    vmid = fresh_vmid(166)
+    vmid = fresh_vmid(176)
     lxc = api.nodes(testbed.node).lxc
     wait_ok(
         api,
@@ -106,7 +106,7 @@ def test_destroy_reads_again_when_the_api_drops_out(
     )
     gone = runner(
         "destroy.yml",
-        [container(vmid, hostname="fault-166")],
+        [container(vmid, hostname="fault-176")],
         env=env,
         mlstack_destroy_confirm=True,
         mlstack_pve_api_port=api_link.port,

@@ -70,11 +70,11 @@ def test_container_link_with_another_host_key_is_refused(
     )
     text = one_line(result.output)
     assert result.rc != 0
-    assert "UNREACHABLE!" in result.output and "testbed-ct160" in text, result.output[-3000:]
+    assert "UNREACHABLE!" in result.output and f"testbed-ct{shared_ct['vmid']}" in text, result.output[-3000:]
     # OpenSSH's refusal (mlstack.pve.pct_ssh), or paramiko's (community.proxmox.proxmox_pct_remote).
     assert "Host key verification failed" in text or "host key mismatch for 127.0.0.1" in text, result.output[
         -3000:
     ]
     ct_play = result.output.split("PLAY [Install and verify the ML stack")[-1]
-    assert "changed: [testbed-ct160]" not in ct_play
+    assert f"changed: [testbed-ct{shared_ct['vmid']}]" not in ct_play
     assert venv_works(int(shared_ct["vmid"]))

@@ -180,18 +180,18 @@ def test_metacharacters_in_container_fields_never_run(
 ) -> None:
     """One container per field, each with a payload; the shared CT alongside, untouched."""
     entries = [shared_ct] + [
-        container(170 + i, **make(payload(field))) for i, (field, make) in enumerate(CONTAINER_FIELDS.items())
+        container(181 + i, **make(payload(field))) for i, (field, make) in enumerate(CONTAINER_FIELDS.items())
     ]
     result = runner("provision.yml", entries, timeout=300)
     text = one_line(result.output)
     assert result.rc != 0
     for i, field in enumerate(CONTAINER_FIELDS):
-        assert re.search(rf"Container {170 + i} on testbed: expected {field} ", text), f"{field}: not refused"
-    assert "Container 160 on testbed" not in text
+        assert re.search(rf"Container {181 + i} on testbed: expected {field} ", text), f"{field}: not refused"
+    assert f"Container {shared_ct['vmid']} on testbed" not in text
     assert result.changed() == 0, result.changed_tasks()
     assert_no_canary(canaries)
     existing = {int(g["vmid"]) for g in api.cluster.resources.get(type="vm")}
-    assert not existing & set(range(170, 170 + len(CONTAINER_FIELDS)))
+    assert not existing & set(range(181, 181 + len(CONTAINER_FIELDS)))
 
 
 NODE_SETTINGS = {

@@ -51,16 +51,16 @@ CASES = {
 def test_bad_input_is_refused_before_any_change(
     runner: Any, api: Any, testbed: Any, fields: dict[str, Any], message: str
 ) -> None:
-    result = runner("provision.yml", [container(161, **fields)], timeout=300)
-    assert_refused_before_any_change(result, api, testbed, message, 161)
+    result = runner("provision.yml", [container(171, **fields)], timeout=300)
+    assert_refused_before_any_change(result, api, testbed, message, 171)
 
 
 def test_model_path_symlinked_outside_the_roots_is_refused(
     runner: Any, api: Any, testbed: Any, outside_link: str
 ) -> None:
-    result = runner("provision.yml", [container(162, model_path=outside_link)], timeout=300)
+    result = runner("provision.yml", [container(172, model_path=outside_link)], timeout=300)
     message = f"model_path {outside_link} is /etc on testbed, outside the folders"
-    assert_refused_before_any_change(result, api, testbed, message, 162)
+    assert_refused_before_any_change(result, api, testbed, message, 172)
 
 
 @pytest.fixture
@@ -80,13 +80,13 @@ def test_lock_out_of_date_with_its_pyproject_is_refused(
 ) -> None:
     result = runner(
         "provision.yml",
-        [container(163, profile="torch211-triton36")],
+        [container(173, profile="torch211-triton36")],
         timeout=300,
         gpu_container_profiles_dir=str(stale_profiles),
     )
     message = "Profile torch211-triton36: `uv lock --check` says its uv.lock is out of date with its"
     message += " pyproject.toml"
-    assert_refused_before_any_change(result, api, testbed, message, 163)
+    assert_refused_before_any_change(result, api, testbed, message, 173)
     assert "uv lock --project profiles/torch211-triton36" in one_line(result.output)
 
 
@@ -100,7 +100,7 @@ def gpuless_node(testbed: Any, tmp_path: Path) -> Iterator[GpulessNode]:
 def test_gpus_asked_on_a_node_without_gpus_are_refused(
     runner: Any, api: Any, testbed: Any, gpuless_node: GpulessNode
 ) -> None:
-    result = runner("provision.yml", [container(164, gpus="all")], timeout=300, **gpuless_node.extra_vars())
+    result = runner("provision.yml", [container(174, gpus="all")], timeout=300, **gpuless_node.extra_vars())
     message = "A container on testbed asks for GPUs but the node has no /dev/nvidia[0-9]* node"
-    assert_refused_before_any_change(result, api, testbed, message, 164)
+    assert_refused_before_any_change(result, api, testbed, message, 174)
     assert "Install the NVIDIA driver on the node" in one_line(result.output)

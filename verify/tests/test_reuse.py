@@ -5,6 +5,7 @@ tests/provision/test_lifecycle.py."""
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,23 @@ def test_the_fingerprint_is_stable_and_sees_what_steers_the_probes(
     monkeypatch.delenv("CC")
     lock.write_text("version = 1\n# relocked\n")
     assert reuse.fingerprint(opts) != base
+
+
+def test_the_fingerprint_sees_a_changed_doctor_of_the_same_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upgraded collection installs a doctor whose probes changed but whose version did not: its first
+    run must not carry the older doctor's verdicts. Bytecode the imports leave is not the doctor."""
+    doctor = tmp_path / "mlstack_doctor"
+    shutil.copytree(reuse.DOCTOR_DIR, doctor, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(reuse, "DOCTOR_DIR", doctor)
+    base = reuse.fingerprint(OPTIONS)
+    (doctor / "probes" / "__pycache__").mkdir()
+    (doctor / "probes" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"compiled")
+    assert reuse.fingerprint(OPTIONS) == base
+    probe = doctor / "probes" / "model.py"
+    probe.write_text(probe.read_text() + "\n# a changed probe\n")
+    assert reuse.fingerprint(OPTIONS) != base
 
 
 def test_the_fingerprint_sees_the_model_files(tmp_path: Path) -> None:

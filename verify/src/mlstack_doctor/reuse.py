@@ -2,9 +2,9 @@
 
 `--reuse-passed REPORT` names the report of the last run (the one `--output` replaces). It is reused
 when it passed, at the same tier, less than `--reuse-max-age` hours ago (counted from the run that
-really ran the tier), and the stack fingerprint it recorded is today's: the doctor and its options,
-the interpreter, the lock, every installed distribution, the driver, the device nodes, the compilers,
-the environment that steers them, and the model's files. Then only the fast tier runs (about a
+really ran the tier), and the stack fingerprint it recorded is today's: the doctor (its own files) and
+its options, the interpreter, the lock, every installed distribution, the driver, the device nodes, the
+compilers, the environment that steers them, and the model's files. Then only the fast tier runs (about a
 second, no torch import); when it passes, the other probes' verdicts are carried over, each marked
 with the run they come from. Anything else, a fast-tier failure included, runs the tier in full."""
 
@@ -44,6 +44,8 @@ STEERING_ENV = (
 )
 TOOLS = ("cc", "gcc", "c++", "g++", "as", "ld", "nvidia-smi")
 MODEL_FILES_MAX = 2000
+# The doctor's own code and data: its version stays the same across changes of its probes.
+DOCTOR_DIR = Path(__file__).resolve().parent
 
 
 def _stat_line(path: Path) -> str:
@@ -62,10 +64,18 @@ def _model_lines(model: str) -> list[str]:
     return [_stat_line(p) for p in files[:MODEL_FILES_MAX]]
 
 
+def _doctor_lines() -> list[str]:
+    """The doctor's files and their sha256: a doctor that changed (an upgraded collection installs a new
+    wheel of the same version) runs its tier in full rather than carrying an older doctor's verdicts."""
+    files = sorted(p for p in DOCTOR_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    return [f"doctor.{p.relative_to(DOCTOR_DIR)}={sha256_of(p)}" for p in files]
+
+
 def fingerprint(options: dict[str, Any]) -> str:
     """sha256 of what the probes' verdicts depend on; `options` as the report records them."""
     lines = [
         f"doctor={__version__}",
+        *_doctor_lines(),
         f"python={sys.version}",
         f"executable={os.path.realpath(sys.executable)}",
     ]

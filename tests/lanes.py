@@ -137,25 +137,6 @@ PLAN = [
         node="none",
         isolated=False,
     ),
-    # The steps that share the node, longest first (seconds on 2 cores in a clean-clone run: provisioned
-    # 911, fleet 786, faults-2 672, faults 652, day-two 457, lifecycle 371, snapshots 329, testbed 271,
-    # mount-heal 217, provision 202, molecule 196, api-token 81, bad-input 60): a long step started last
-    # would end alone on an idle machine. The 2.21 reruns come right after bad-input (`plan`).
-    # One provisioned container (CT 150, conftest.py's default_ct) for the files that check one: the
-    # doctor typed by hand, the scheduled runs, reruns after changes by hand (each puts it back), a second
-    # venv of its lock built beside its own.
-    Step(
-        "provisioned",
-        (
-            PROVISION + "test_doctor_defaults.py",
-            PROVISION + "test_monitor.py",
-            PROVISION + "test_rerun_state.py",
-            PROVISION + "test_venv_bytecode.py",
-        ),
-        vmids=span(150),
-    ),
-    # The fleet across the cluster's three nodes (CT 130-132), and the warm shared across them.
-    Step("fleet", (PROVISION + "test_fleet.py",), vmids=span((130, 132))),
     # The fault suite in two sessions at once, each on a shared container of its own, each grepping its own
     # runs' logs for secrets: 160-169 (CT 160, node-state's, kept for it), and 170-189 (CT 170) for the
     # faults that wait on the API, apt's lock and the preflight. One session would be the longest step.
@@ -172,25 +153,40 @@ PLAN = [
         vmids=span((170, 189)),
         env=(("MLSTACK_FAULTS_VMIDS", "170-189"),),
     ),
-    # One container changed in turn on day two (CT 200), one only planned (CT 201); 202-219 kept for it.
-    Step("day-two", (PROVISION + "test_day_two.py",), vmids=span((200, 219))),
+    # Template download (CT 943-944), README commands (CT 100), CT 120 for monitoring; vmids 133 and
+    # 135-138 kept for new files.
+    Step("provision", (PROVISION.rstrip("/"),), vmids=span(100, 120, 133, (135, 138), (943, 944))),
+    # One provisioned container (CT 150, conftest.py's default_ct) for the files that check one: the
+    # doctor typed by hand, the scheduled runs, reruns after changes by hand (each puts it back), a second
+    # venv of its lock built beside its own.
+    Step(
+        "provisioned",
+        (
+            PROVISION + "test_doctor_defaults.py",
+            PROVISION + "test_monitor.py",
+            PROVISION + "test_rerun_state.py",
+            PROVISION + "test_venv_bytecode.py",
+        ),
+        vmids=span(150),
+    ),
+    # The fleet across the cluster's three nodes (CT 130-132), and the warm shared across them.
+    Step("fleet", (PROVISION + "test_fleet.py",), vmids=span((130, 132))),
     # CT 139 is the foreign guest of both lifecycle and bad input.
     Step("lifecycle", (PROVISION + "test_lifecycle.py",), vmids=span(128, 139)),
+    # One container changed in turn on day two (CT 200), one only planned (CT 201); 202-219 kept for it.
+    Step("day-two", (PROVISION + "test_day_two.py",), vmids=span((200, 219))),
+    Step("api-token", (PROVISION + "test_api_token.py",), vmids=span((940, 942), 962)),
+    # Shared folders removed under running containers (CT 220-221): folders of its own (pve_host_root), so
+    # the node's shared store that the other steps' containers bind is never touched.
+    Step("mount-heal", (PROVISION + "test_mount_heal.py",), vmids=span((220, 229))),
+    Step("bad-input", (PROVISION + "test_bad_input.py",), vmids=span((121, 127), 139)),
     # Snapshots around an upgrade (CT 260-261): two stacks built, in a step of its own rather than at the
     # end of the provision step, the longest.
     Step("snapshots", (PROVISION + "test_snapshots.py",), vmids=span((260, 261))),
     # No playbook run of its own writes reports/; its hostroot containers mount in the machine's namespace.
     # CT 960-961: test_api_errors.py's second API server (960 never created, 961 an API record only).
     Step("testbed", ("tests/testbed",), vmids=span((900, 939), (949, 961)), isolated=False),
-    # Shared folders removed under running containers (CT 220-221): folders of its own (pve_host_root), so
-    # the node's shared store that the other steps' containers bind is never touched.
-    Step("mount-heal", (PROVISION + "test_mount_heal.py",), vmids=span((220, 229))),
-    Step("bad-input", (PROVISION + "test_bad_input.py",), vmids=span((121, 127), 139)),
-    # Template download (CT 943-944), README commands (CT 100), CT 120 for monitoring; vmids 133 and
-    # 135-138 kept for new files.
-    Step("provision", (PROVISION.rstrip("/"),), vmids=span(100, 120, 133, (135, 138), (943, 944))),
     Step("molecule", argv=("molecule", "test", "-s", "default"), vmids=span(110)),
-    Step("api-token", (PROVISION + "test_api_token.py",), vmids=span((940, 942), 962)),
 ]
 
 

@@ -13,8 +13,9 @@ from typing import Any
 Runner = Callable[[list[str], dict[str, str]], tuple[int, str, str]]
 STAMP = "mlstack_doctor.src-sha1"
 PATTERN = "mlstack_doctor-*.whl"
-# What the wheel is built from, relative to the doctor's source folder; caches are left out.
-SOURCES = ("pyproject.toml", "README.md", "src")
+# What the wheel is built from, relative to the doctor's source folder; caches are left out. Its README is
+# not in the wheel: a change of the docs alone installs nothing new in the containers and nodes.
+SOURCES = ("pyproject.toml", "src")
 PRUNED = ("__pycache__",)
 # A reproducible wheel (fixed timestamps), so an unchanged doctor copies as unchanged. The build backend
 # comes from the index: trust the system's CA store (TLS-intercepting proxies).

@@ -20,7 +20,7 @@ options:
     type: path
     required: true
   src:
-    description: The doctor's source folder (pyproject.toml, README.md, src/).
+    description: The doctor's source folder (pyproject.toml, src/).
     type: path
     required: true
   dist_dir:

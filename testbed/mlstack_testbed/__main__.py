@@ -14,7 +14,7 @@ from typing import Any
 
 from . import controller, paths
 from .lxc import realct, rootfs
-from .node import daemons, gpu, host_setup, nodes, nvdriver, nvsmi, sshd
+from .node import daemons, disk, gpu, host_setup, nodes, nvdriver, nvsmi, sshd
 from .proc import report_up, say
 
 API_MARKER = "mlstack_testbed.node.api"
@@ -200,6 +200,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     if host_setup.ensure_subids():
         done.append("subuid/subgid")
     (done if host_setup.ensure_bridge() else already).append(f"bridge {paths.HOST_BRIDGE}")
+    # Before anything is made in the folders it holds.
+    try:
+        disk_changed, disk_line = disk.ensure()
+    except RuntimeError as exc:
+        say(f"{exc}: containers are made on the root filesystem (slower)")
+        disk_changed, disk_line = False, "disk: not used (see the message above)"
+    (done if disk_changed else already).append(disk_line)
     ensure_password()
     cert_new = ensure_cert()
     (done if rootfs.build_template() else already).append(f"template {paths.TEMPLATE_VOLID}")
@@ -278,6 +285,7 @@ def collect_status() -> dict[str, Any]:
             "started_by_testbed": paths.LXC_NET_MARKER.is_file(),
         },
         "template": {"volid": paths.TEMPLATE_VOLID, **rootfs.template_status()},
+        "disk": disk.state(),
         "gpu_nodes": {
             "present": gpu.present(),
             "created_by_testbed": [c["path"] for c in gpu.recorded()["created"]],
@@ -312,6 +320,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"{'cached, ' + str(t['size'] // 2**20) + ' MiB' if t['present'] else 'not built'}"
         f"{' (CA certificates changed since built)' if t.get('stale_ca') else ''}"
     )
+    for folder, where in st["disk"]["folders"].items():
+        print(f"  folder  {folder}: {where}")
     print(f"  gpu nodes: {', '.join(st['gpu_nodes']['present']) or 'none'}")
     print(f"  gpu model (nvidia-smi): {st['gpu_model'] or 'none (no driver)'}")
     print(f"  driver (/proc/driver/nvidia/version): {st['driver_version'] or 'none'}")

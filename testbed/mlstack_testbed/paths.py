@@ -82,6 +82,14 @@ API_TOKEN_SECRET_FILE = TOKENS_DIR / API_USER / API_TOKEN_NAME
 PVEAM_DIR = STATE_DIR / "pveam"
 
 
+def host_root() -> Path:
+    """The nodes' host root (pve_host_root's default): the nodes share this machine's folder."""
+    import yaml
+
+    defaults = yaml.safe_load((REPO_DIR / "roles" / "pve_host" / "defaults" / "main.yml").read_text())
+    return Path(defaults["pve_host_root"])
+
+
 def lxc_config_dir() -> str:
     """LXC's shipped config dir: /usr/share/lxc/config, or a private prefix's ($MLSTACK_LXC_CONFIG_DIR)."""
     return os.environ.get("MLSTACK_LXC_CONFIG_DIR") or "/usr/share/lxc/config"

@@ -202,7 +202,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     (done if host_setup.ensure_bridge() else already).append(f"bridge {paths.HOST_BRIDGE}")
     # Before anything is made in the folders it holds.
     try:
-        disk_changed, disk_line = disk.ensure()
+        disk_changed, disk_line = disk.testbed_disk().ensure()
     except RuntimeError as exc:
         say(f"{exc}: containers are made on the root filesystem (slower)")
         disk_changed, disk_line = False, "disk: not used (see the message above)"
@@ -285,7 +285,7 @@ def collect_status() -> dict[str, Any]:
             "started_by_testbed": paths.LXC_NET_MARKER.is_file(),
         },
         "template": {"volid": paths.TEMPLATE_VOLID, **rootfs.template_status()},
-        "disk": disk.state(),
+        "disk": disk.testbed_disk().state(),
         "gpu_nodes": {
             "present": gpu.present(),
             "created_by_testbed": [c["path"] for c in gpu.recorded()["created"]],
@@ -388,6 +388,9 @@ def cmd_down(args: argparse.Namespace) -> int:
         print(f"gpu nodes removed: {', '.join(removed)}")
     if args.purge:
         rootfs.remove_template()
+        # The testbed's disk stays (it holds uv's cache); what it holds in the state dir is let go first.
+        for folder in disk.testbed_disk().release(paths.STATE_DIR):
+            print(f"{folder}: unmounted from the testbed's disk")
         for node in cluster:
             host_setup.remove_known_host(node.known_hosts_name)
         import shutil

@@ -21,6 +21,8 @@ GPU_ANSWER_FILE = STATE_DIR / "nvidia-smi.csv"
 # The NVIDIA kernel module the nodes report (`up --driver-version`): nvidia/version here (absent: no
 # driver), this folder bound over /proc/driver in each node's sshd mount namespace (nvdriver.py).
 DRIVER_PROC_DIR = STATE_DIR / "proc-driver"
+# Each snapshot's rootfs copy: SNAPSHOTS_DIR/<vmid>/<name>/rootfs, beside the API's state.
+SNAPSHOTS_DIR = STATE_DIR / "snapshots"
 # pct's direct backend (no API server): one PVE-format config per container, as /etc/pve/lxc/<vmid>.conf.
 DIRECT_DIR = STATE_DIR / "direct"
 # The storage 'local' (type dir) lives here, as /var/lib/vz does on PVE.

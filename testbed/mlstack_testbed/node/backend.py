@@ -86,8 +86,9 @@ class TestbedPve(AccessApi, FakePve):
             },
         }
         self.state_file = state_file
-        # Each snapshot's rootfs copy: <snapshot_dir>/<vmid>/<name>/rootfs, beside the API's state.
-        self.snapshot_dir = state_file.parent / "snapshots"
+        # Each snapshot's rootfs copy: <snapshot_dir>/<vmid>/<name>/rootfs, beside the API's state
+        # (paths.SNAPSHOTS_DIR for the testbed's own state file).
+        self.snapshot_dir = state_file.parent / paths.SNAPSHOTS_DIR.name
         self._rollback_start: dict[int, bool] = {}
         self._create_templates: dict[int, str] = {}
         self._shutdown_args: dict[int, tuple[int, bool]] = {}

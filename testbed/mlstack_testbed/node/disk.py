@@ -1,17 +1,18 @@
 """The testbed's own disk, where the machine's root filesystem is an ext4 without a journal.
 
-On such a filesystem ext4 checks every free inode it considers against the time it was freed and skips the
-ones freed in the last minutes (fs/ext4/ialloc.c, recently_deleted: done only without a journal). The
-testbed makes and removes containers all day, so each new file scans past thousands of recently freed
-inodes: unpacking the container template took 5-8 s of kernel time after a container was destroyed,
-against 0.6 s on an ext4 with a journal. `up` therefore puts the folders where containers and their venvs
-are made and removed (/var/lib/lxc, and the nodes' host root /var/lib/mlstack) on an ext4 filesystem image
-with a journal: a sparse file beside the testbed's state, loop-mounted, its blocks given back to the
+There a new file's inode is found by checking free inodes against the time each was freed, skipping the
+ones freed in the last minutes (recently_deleted in fs/ext4/ialloc.c: most of the kernel time in a profile
+of the template's unpack). The testbed makes and removes containers all day: unpacking the container
+template took 5-8 s of kernel time after a container was removed, against 0.6 s on an ext4 with a journal
+after the same removals. `up` therefore puts the folders where files come and go by the thousand
+(/var/lib/lxc, the nodes' host root /var/lib/mlstack, the snapshot copies) on an ext4 image with a journal:
+a sparse file beside the testbed's state, loop-mounted, its blocks given back to the
 machine as files are removed (discard). On any other filesystem nothing is done.
 
 It adopts a folder only while it is empty or absent (a fresh machine, or after a reboot, when the image is
 mounted again): folders already holding containers or caches are left where they are, and `status` says so.
-The disk outlives `down --purge` (it holds uv's cache, which a purge keeps).
+The disk outlives `down --purge` (it holds uv's cache, which a purge keeps); the purge unmounts what it holds
+in the state dir before removing that.
 """
 
 from __future__ import annotations
@@ -23,20 +24,13 @@ from pathlib import Path
 from .. import paths
 from ..proc import run
 
-IMAGE = Path(os.environ.get("MLSTACK_TESTBED_DISK_IMAGE", "/var/lib/mlstack-testbed.ext4"))
-# Where the image is mounted; each adopted folder is a bind mount of one of its subfolders.
-MOUNT = IMAGE.with_suffix(".disk")
+IMAGE = Path("/var/lib/mlstack-testbed.ext4")
 GIB = 1 << 30
 # Room the image leaves on the machine's filesystem when it is made (it grows as it is written), and the
 # least size worth making.
 HEADROOM = 8 * GIB
 SMALLEST = 16 * GIB
 LARGEST = 1024 * GIB
-
-
-def adopted_folders() -> dict[str, Path]:
-    """The image's subfolder for each folder it holds."""
-    return {"lxc": paths.LXC_PATH, "mlstack": paths.host_root()}
 
 
 @dataclass
@@ -93,70 +87,104 @@ def _empty(folder: Path) -> bool:
     return not folder.exists() or (folder.is_dir() and not any(folder.iterdir()))
 
 
-def _image_size(where: Path) -> int:
-    st = os.statvfs(where)
-    return min(LARGEST, (st.f_bavail * st.f_frsize - HEADROOM) // GIB * GIB)
-
-
-def state() -> dict[str, object]:
-    """What status shows: whether the machine needs the disk, and where each folder lives."""
-    table = mounts()
-    needed = journalless_ext4(mount_of(IMAGE.parent, table))
-    folders = {}
-    for sub, folder in adopted_folders().items():
-        m = mount_of(folder, table)
-        on_disk = m.target == str(folder) and m.root.rstrip("/").endswith("/" + sub)
-        folders[str(folder)] = "on the testbed's disk" if on_disk else f"on {m.target} ({m.fstype})"
-    return {"needed": needed, "image": str(IMAGE) if IMAGE.is_file() else None, "folders": folders}
-
-
-def _check(r_ok: bool, what: str, detail: str) -> None:
-    if not r_ok:
+def _check(ok: bool, what: str, detail: str) -> None:
+    if not ok:
         raise RuntimeError(f"the testbed's disk: {what} failed: {detail}")
 
 
-def ensure() -> tuple[bool, str]:
-    """Make and mount the disk where the machine needs it; (changed, what to report)."""
-    table = mounts()
-    if not journalless_ext4(mount_of(IMAGE.parent, table)):
-        return False, "disk: the machine's filesystem has a journal (containers are made there)"
-    changed = False
-    if not IMAGE.is_file():
-        size = _image_size(IMAGE.parent)
+@dataclass
+class Disk:
+    image: Path
+    # The image's subfolder for each folder it holds.
+    folders: dict[str, Path]
+    # Made only where the image's folder is on an ext4 without a journal (False: wherever it is).
+    only_without_journal: bool = True
+
+    @property
+    def mount(self) -> Path:
+        """Where the image is mounted; each folder it holds is a bind mount of one of its subfolders."""
+        return self.image.with_suffix(".disk")
+
+    def needed(self, table: list[Mount]) -> bool:
+        return not self.only_without_journal or journalless_ext4(mount_of(self.image.parent, table))
+
+    def state(self) -> dict[str, object]:
+        """What status shows: whether the machine needs the disk, and where each folder lives."""
+        table = mounts()
+        where = {}
+        for sub, folder in self.folders.items():
+            m = mount_of(folder, table)
+            held = m.target == str(folder) and m.root.rstrip("/").endswith("/" + sub)
+            where[str(folder)] = "on the testbed's disk" if held else f"on {m.target} ({m.fstype})"
+        image = str(self.image) if self.image.is_file() else None
+        return {"needed": self.needed(table), "image": image, "folders": where}
+
+    def _make_image(self) -> None:
+        st = os.statvfs(self.image.parent)
+        size = min(LARGEST, (st.f_bavail * st.f_frsize - HEADROOM) // GIB * GIB)
         if size < SMALLEST:
-            return False, (
-                f"disk: not made, {IMAGE.parent} has less than {(SMALLEST + HEADROOM) // GIB} GiB free "
-                "(containers are made on the root filesystem, slower)"
+            raise RuntimeError(
+                f"the testbed's disk: not made, {self.image.parent} has less than "
+                f"{(SMALLEST + HEADROOM) // GIB} GiB free"
             )
-        partial = IMAGE.with_suffix(".partial")
+        partial = self.image.with_suffix(".partial")
         with open(partial, "wb") as f:
-            f.truncate(size)
+            f.truncate(size)  # sparse: it takes room only as it is written
         r = run(["mkfs.ext4", "-q", "-F", "-L", "mlstack-testbed", str(partial)], timeout=300)
         if not r.ok:
             partial.unlink(missing_ok=True)
         _check(r.ok, "mkfs.ext4", r.detail())
-        partial.replace(IMAGE)
-        changed = True
-    if mount_of(MOUNT, table).target != str(MOUNT):
-        MOUNT.mkdir(exist_ok=True)
-        r = run(["mount", "-o", "loop,discard", str(IMAGE), str(MOUNT)], timeout=60)
-        _check(r.ok, f"mount {IMAGE}", r.detail())
-        changed = True
+        partial.replace(self.image)
+
+    def release(self, under: Path) -> list[str]:
+        """Unmount the folders it holds under a folder about to be removed (`down --purge`'s state dir)."""
         table = mounts()
-    kept = []
-    for sub, folder in adopted_folders().items():
-        if mount_of(folder, table).target == str(folder):
-            continue
-        if not _empty(folder):
-            kept.append(str(folder))
-            continue
-        (MOUNT / sub).mkdir(exist_ok=True)
-        folder.mkdir(parents=True, exist_ok=True)
-        r = run(["mount", "--bind", str(MOUNT / sub), str(folder)], timeout=30)
-        _check(r.ok, f"mount --bind {MOUNT / sub} {folder}", r.detail())
-        changed = True
-    held = ", ".join(str(f) for f in adopted_folders().values() if str(f) not in kept)
-    line = f"disk: {held or 'nothing'} on {IMAGE} (ext4 with a journal; the machine's has none)"
-    if kept:
-        line += f"; {', '.join(kept)} kept on the root filesystem (not empty)"
-    return changed, line
+        done = []
+        for folder in self.folders.values():
+            if folder.is_relative_to(under) and mount_of(folder, table).target == str(folder):
+                r = run(["umount", str(folder)], timeout=60)
+                _check(r.ok, f"umount {folder}", r.detail())
+                done.append(str(folder))
+        return done
+
+    def ensure(self) -> tuple[bool, str]:
+        """Make and mount the disk where the machine needs it; (changed, what to report)."""
+        table = mounts()
+        if not self.needed(table):
+            return False, "disk: the machine's filesystem has a journal (containers are made there)"
+        changed = False
+        if not self.image.is_file():
+            self._make_image()
+            changed = True
+        if mount_of(self.mount, table).target != str(self.mount):
+            self.mount.mkdir(exist_ok=True)
+            # discard: the blocks of removed files go back to the machine's filesystem.
+            r = run(["mount", "-o", "loop,discard", str(self.image), str(self.mount)], timeout=60)
+            _check(r.ok, f"mount {self.image}", r.detail())
+            changed = True
+            table = mounts()
+        kept = []
+        for sub, folder in self.folders.items():
+            if mount_of(folder, table).target == str(folder):
+                continue
+            if not _empty(folder):
+                kept.append(str(folder))
+                continue
+            (self.mount / sub).mkdir(exist_ok=True)
+            folder.mkdir(parents=True, exist_ok=True)
+            r = run(["mount", "--bind", str(self.mount / sub), str(folder)], timeout=30)
+            _check(r.ok, f"mount --bind {self.mount / sub} {folder}", r.detail())
+            changed = True
+        held = ", ".join(str(f) for f in self.folders.values() if str(f) not in kept)
+        line = f"disk: {held or 'nothing'} on {self.image} (ext4 with a journal; the machine's has none)"
+        if kept:
+            line += f"; {', '.join(kept)} kept on the root filesystem (not empty)"
+        return changed, line
+
+
+def testbed_disk() -> Disk:
+    """The folders where files come and go by the thousand: containers (/var/lib/lxc), their venvs (the
+    nodes' host root) and the copies of their snapshots."""
+    return Disk(
+        IMAGE, {"lxc": paths.LXC_PATH, "mlstack": paths.host_root(), "snapshots": paths.SNAPSHOTS_DIR}
+    )

@@ -161,14 +161,21 @@ def refuse_dropping_busy_nodes(previous: list[nodes.Node], cluster: list[nodes.N
         )
 
 
-def ensure_node_sshd(node: nodes.Node, done: list[str], already: list[str]) -> None:
-    """The node's sshd running with its current stand-ins, and its host key pinned on the machine."""
+def ensure_node_sshd(node: nodes.Node, done: list[str], already: list[str], mounts_changed: bool) -> None:
+    """The node's sshd running with its current stand-ins and the machine's mounts, and its host key pinned
+    on the machine."""
     scripts_changed = sshd.prepare(node)
     if host_setup.install_known_host(sshd.known_hosts_line(node)):
         done.append(f"host key of {node.name} pinned in {paths.SYSTEM_KNOWN_HOSTS}")
     pid = sshd.running(node)
-    if pid and scripts_changed:
-        say(f"restarting sshd of {node.name} (its /usr/sbin overlay gained or changed a stand-in)")
+    if pid and (scripts_changed or mounts_changed):
+        # Its mount namespace is a private copy: mounts made since it started never reach it.
+        why = (
+            "its /usr/sbin overlay gained or changed a stand-in"
+            if scripts_changed
+            else "the testbed's disk was mounted"
+        )
+        say(f"restarting sshd of {node.name} ({why})")
         sshd.stop(node)
         pid = None
     if pid:
@@ -220,7 +227,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     nodes_changed = nodes.record(len(cluster))
     sshd.prepare_client_key()
     for node in cluster:
-        ensure_node_sshd(node, done, already)
+        ensure_node_sshd(node, done, already, mounts_changed=disk_changed)
     sshd.pin_host_keys(cluster)
     # No --driver-version: no NVIDIA kernel module on the nodes (no /proc/driver/nvidia/version).
     driver_changed = nvdriver.select(args.driver_version, [sshd.running(n) for n in cluster])

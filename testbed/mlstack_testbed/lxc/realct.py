@@ -39,16 +39,8 @@ def apparmor_enabled() -> bool:
 # --------------------------------------------------------------------------- create
 
 
-def create_from_template(vmid: int, tarball: Path, unprivileged: bool) -> None:
-    """Unpack an OS template into /var/lib/lxc/<vmid>/rootfs, shifted into the CT's ids when unprivileged
-    (PVE unpacks through lxc-usernsexec the same way)."""
-    if ct_dir(vmid).exists():
-        raise RealCtError(f"real container directory {ct_dir(vmid)} already exists")
-    if not tarball.is_file():
-        raise RealCtError(f"volume file '{tarball}' does not exist")
-    root = rootfs_dir(vmid)
-    root.mkdir(parents=True)
-    ct_dir(vmid).chmod(0o750 if not unprivileged else 0o755)
+def unpack_argv(tarball: Path, root: Path, unprivileged: bool) -> list[str]:
+    """The template unpacked into root, as the CT's root (ids shifted by the map) when unprivileged."""
     tar = [
         "tar",
         "-C",
@@ -61,13 +53,25 @@ def create_from_template(vmid: int, tarball: Path, unprivileged: bool) -> None:
         "--zstd",
         "--exclude=./dev/*",
     ]
+    if not unprivileged:
+        return tar
+    m = f"{IDMAP.host_base}:{IDMAP.size}"
+    return ["lxc-usernsexec", "-m", f"u:0:{m}", "-m", f"g:0:{m}", "--", *tar]
+
+
+def create_from_template(vmid: int, tarball: Path, unprivileged: bool) -> None:
+    """Unpack an OS template into /var/lib/lxc/<vmid>/rootfs, shifted into the CT's ids when unprivileged
+    (PVE unpacks through lxc-usernsexec the same way)."""
+    if ct_dir(vmid).exists():
+        raise RealCtError(f"real container directory {ct_dir(vmid)} already exists")
+    if not tarball.is_file():
+        raise RealCtError(f"volume file '{tarball}' does not exist")
+    root = rootfs_dir(vmid)
+    root.mkdir(parents=True)
+    ct_dir(vmid).chmod(0o750 if not unprivileged else 0o755)
     if unprivileged:
         os.chown(root, IDMAP.host_base, IDMAP.host_base)
-        m = f"{IDMAP.host_base}:{IDMAP.size}"
-        argv = ["lxc-usernsexec", "-m", f"u:0:{m}", "-m", f"g:0:{m}", "--", *tar]
-    else:
-        argv = tar
-    r = run(argv, timeout=600)
+    r = run(unpack_argv(tarball, root, unprivileged), timeout=600)
     if not r.ok:
         shutil.rmtree(ct_dir(vmid), ignore_errors=True)
         raise RealCtError(f"unable to unpack template: {r.detail()}")

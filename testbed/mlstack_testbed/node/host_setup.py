@@ -20,6 +20,8 @@ PACKAGES = (
     "iptables",
     "zstd",
     "ca-certificates",
+    # mkfs.ext4 for the testbed's disk (node/disk.py)
+    "e2fsprogs",
 )
 LXC_NET = "/usr/libexec/lxc/lxc-net"
 LXC_NET_DEFAULTS = Path("/etc/default/lxc-net")

@@ -3,6 +3,7 @@ against the probe that was running and the later session probes are skipped."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,23 @@ def test_crash_is_reported_against_the_running_probe(fake: str) -> None:
     assert s.dead and s.died_in == "fla_kernel"
     later = s.call("torch_cuda", {}, probe="model_forward", timeout=30)
     assert not later.answered and s.died_in == "model_forward"
+
+
+def test_a_crash_s_last_words_are_kept_when_stderr_is_read_late(
+    fake: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a loaded machine the worker's exit can be seen (stdout's EOF) before its last stderr line is read:
+    the segfault's message is the evidence, so the report waits for it."""
+    read = runner.Session._read_stderr
+
+    def late(self: runner.Session) -> None:
+        time.sleep(0.5)
+        read(self)
+
+    monkeypatch.setattr(runner.Session, "_read_stderr", late)
+    s = runner.Session(script=fake)
+    r = s.call("crash", {}, probe="fla_kernel", timeout=30)
+    assert r.run.rc == 139 and "Segmentation fault in the stack" in r.run.stderr
 
 
 def test_hang_is_a_timeout_and_the_worker_is_killed(fake: str) -> None:

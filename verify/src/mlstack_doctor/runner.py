@@ -275,6 +275,7 @@ class Session:
         self._stderr_len = 0
         self._stderr_dropped = 0  # lines trimmed from the front
         self._lock = threading.Lock()
+        self._stderr_reader: threading.Thread | None = None
 
     @property
     def started(self) -> bool:
@@ -294,7 +295,8 @@ class Session:
             self.dead = f"cannot start the GPU worker: {exc}"
             return
         threading.Thread(target=self._read_stdout, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._stderr_reader.start()
         self.submit("imports", {}, probe="imports", timeout=imports_timeout)
 
     def _read_stdout(self) -> None:
@@ -403,6 +405,10 @@ class Session:
                 _kill(self.proc)
             code = self.proc.returncode
             rc = RC_TIMEOUT if timed_out else (code if code is not None else -1)
+            # Its last words (a segfault's message) may still be in the pipe: read them before the
+            # evidence is taken. A child that inherited the pipe may hold it open, hence the limit.
+            if self._stderr_reader is not None:
+                self._stderr_reader.join(timeout=5)
         out, err = self._since(mark)
         if during:
             err += f"\n[mlstack-doctor] {'timed out' if timed_out else 'died'} {during}\n"

@@ -7,10 +7,9 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 .PHONY: venv testbed provision verify test test-core221 lint unit down purge
 
-$(VENV)/.done: requirements-controller.txt requirements-controller.lock verify/pyproject.toml
+$(VENV)/.done: requirements-controller.txt requirements-controller.lock verify/pyproject.toml tools/venv-install
 	python3 -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }
-	$(VENV)/bin/pip install -q -r requirements-controller.txt -c requirements-controller.lock
-	$(VENV)/bin/pip install -q -e ./verify
+	tools/venv-install $(VENV) requirements-controller.txt requirements-controller.lock -e ./verify
 	# Make this checkout resolvable as the collection mlstack.pve (ansible.cfg collections_path).
 	mkdir -p $(VENV)/collections/ansible_collections/mlstack
 	ln -sfn $(CURDIR) $(VENV)/collections/ansible_collections/mlstack/pve

@@ -47,6 +47,8 @@ PACKAGES = "python3,python3-venv,openssh-client,ca-certificates,git,make,tini"
 MIN_PYTHON = (3, 12)
 REQUIREMENTS = paths.REPO_DIR / "requirements-controller-core221.txt"
 LOCK = paths.REPO_DIR / "requirements-controller-core221.lock"
+# What installs the pins into a venv (uv; pip where uv fails), as for the checkout's .venv.
+VENV_INSTALL = paths.REPO_DIR / "tools" / "venv-install"
 HOST_VENV = paths.REPO_DIR / ".venv-core221"
 
 CT_DIR = paths.LXC_PATH / NAME
@@ -163,18 +165,14 @@ def read_stamp(venv_on_host: Path) -> dict[str, str]:
 def install_script(venv: Path, python: str) -> str:
     """Shell lines that build `venv` from the pins (and the lock where there is one, else write it)."""
     v, q = str(venv), shlex.quote
-    pip = q(f"{v}/bin/pip")
-    constraint = f" -c {q(str(LOCK))}" if LOCK.is_file() else ""
-    lines = [
-        "set -eu",
-        f"rm -rf {q(v)}",
-        f"{q(python)} -m venv {q(v)}",
-        f"{pip} install -q --disable-pip-version-check -r {q(str(REQUIREMENTS))}{constraint}",
-    ]
-    if not LOCK.is_file():
-        new = q(f"{LOCK}.new")
-        lines += [f"{pip} freeze --disable-pip-version-check > {new}", f"mv {new} {q(str(LOCK))}"]
-    return "\n".join(lines)
+    return "\n".join(
+        [
+            "set -eu",
+            f"rm -rf {q(v)}",
+            f"{q(python)} -m venv {q(v)}",
+            shlex.join([str(VENV_INSTALL), v, str(REQUIREMENTS), str(LOCK)]),
+        ]
+    )
 
 
 def link_collection(venv_on_host: Path) -> bool:

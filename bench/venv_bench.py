@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""The controller venv (`make venv`'s pins) built by tools/venv-install (uv) and by pip, in one run.
+
+  .venv/bin/python bench/venv_bench.py [--rounds N] [--json out.json]
+
+Each round builds a fresh venv each way in turn (the order alternates), from the same requirements and
+lock, with the package caches warm after the first round (uv's and pip's own). Times the install (wall, and
+the CPU of its processes, user and kernel), checks that both venvs hold exactly the lock's packages, and
+prints each side's median and their ratio. Works in a temporary folder and removes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+REQUIREMENTS = REPO / "requirements-controller.txt"
+LOCK = REPO / "requirements-controller.lock"
+VERIFY = REPO / "verify"
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def pip_install(venv: Path) -> None:
+    """What `make venv` ran before tools/venv-install."""
+    pip = [str(venv / "bin" / "pip"), "--disable-pip-version-check", "install", "-q"]
+    subprocess.run([*pip, "-r", str(REQUIREMENTS), "-c", str(LOCK)], check=True)
+    subprocess.run([*pip, "-e", str(VERIFY)], check=True)
+
+
+def uv_install(venv: Path) -> None:
+    subprocess.run(
+        [str(REPO / "tools" / "venv-install"), str(venv), str(REQUIREMENTS), str(LOCK), "-e", str(VERIFY)],
+        check=True,
+    )
+
+
+SIDES = {"pip": pip_install, "tools/venv-install": uv_install}
+
+
+def build(side: str, venv: Path) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one install into a new venv; the venv must match the lock."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    cpu0, t0 = children_cpu(), time.monotonic()
+    SIDES[side](venv)
+    cpu, wall = children_cpu() - cpu0, time.monotonic() - t0
+    freeze = subprocess.run(
+        [str(venv / "bin" / "pip"), "--disable-pip-version-check", "freeze", "--exclude-editable"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    if sorted(freeze.split()) != sorted(LOCK.read_text().split()):
+        raise SystemExit(f"{side}: the venv's packages differ from {LOCK.name}")
+    shutil.rmtree(venv)
+    return cpu, wall
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    results: dict[str, list[tuple[float, float]]] = {s: [] for s in SIDES}
+    with tempfile.TemporaryDirectory(prefix="venv-bench.") as tmp:
+        for i in range(args.rounds):
+            order = list(SIDES) if i % 2 == 0 else list(reversed(SIDES))
+            for side in order:
+                cpu, wall = build(side, Path(tmp) / "venv")
+                results[side].append((cpu, wall))
+                print(f"round {i + 1} {side:18s} {cpu:6.1f} CPU-s, {wall:6.1f} s", flush=True)
+    med = {
+        s: (statistics.median(c for c, _ in r), statistics.median(w for _, w in r))
+        for s, r in results.items()
+    }
+    for side, (cpu, wall) in med.items():
+        print(f"median {side:18s} {cpu:6.1f} CPU-s, {wall:6.1f} s")
+    (pip_cpu, pip_wall), (uv_cpu, uv_wall) = med["pip"], med["tools/venv-install"]
+    print(f"ratio pip / tools/venv-install: wall {pip_wall / uv_wall:.1f}x, CPU {pip_cpu / uv_cpu:.1f}x")
+    if args.json:
+        args.json.write_text(json.dumps({"rounds": results, "median": med}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,12 +14,8 @@ works in <folder>/disk-bench.<pid> on each side and removes it.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -28,14 +24,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "testbed"))
 
+from ab import alternate, arguments, children_cpu, save  # noqa: E402
 from mlstack_testbed import paths  # noqa: E402
 from mlstack_testbed.lxc import realct  # noqa: E402
 from mlstack_testbed.node import disk  # noqa: E402
-
-
-def children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def unpack(tarball: Path, root: Path) -> tuple[float, float]:
@@ -56,10 +48,7 @@ def round_on(tarball: Path, work: Path) -> tuple[float, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    args = arguments(__doc__, rounds=5)
     tarball = paths.TEMPLATE_CACHE / paths.TEMPLATE_NAME
     the_disk = disk.testbed_disk()
     held = [f for f, where in the_disk.state()["folders"].items() if where == "on the testbed's disk"]
@@ -70,27 +59,14 @@ def main() -> int:
         "root filesystem": Path("/var/tmp") / f"disk-bench.{os.getpid()}",
         "testbed's disk": Path(held[0]) / f"disk-bench.{os.getpid()}",
     }
-    results: dict[str, list[tuple[float, float]]] = {s: [] for s in sides}
     try:
-        for i in range(args.rounds):
-            order = list(sides) if i % 2 == 0 else list(reversed(sides))
-            for side in order:
-                cpu, wall = round_on(tarball, sides[side])
-                results[side].append((cpu, wall))
-                print(f"round {i + 1} {side:16s} unpack {cpu:5.2f} CPU-s, {wall:5.2f} s", flush=True)
+        results, med = alternate(list(sides), args.rounds, lambda side: round_on(tarball, sides[side]))
     finally:
         for work in sides.values():
             shutil.rmtree(work, ignore_errors=True)
-    med = {
-        side: (statistics.median(c for c, _ in r), statistics.median(w for _, w in r))
-        for side, r in results.items()
-    }
     root_cpu, disk_cpu = med["root filesystem"][0], med["testbed's disk"][0]
-    for side, (cpu, wall) in med.items():
-        print(f"median {side:16s} {cpu:5.2f} CPU-s, {wall:5.2f} s")
     print(f"ratio root filesystem / testbed's disk (CPU): {root_cpu / disk_cpu:.1f}x")
-    if args.json:
-        args.json.write_text(json.dumps({"rounds": results, "median": med}, indent=2) + "\n")
+    save(args.json, results, med)
     return 0
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "provision"))
 sys.path.insert(0, str(REPO / "testbed"))
 
+from ab import children_cpu  # noqa: E402
 from mlstack_testbed import client  # noqa: E402
 from playbook_runner import PlaybookRun, container, make_runner  # noqa: E402
 
@@ -126,8 +126,7 @@ def machine_busy_seconds() -> float:
 
 def controller_seconds() -> float:
     """CPU seconds of finished child processes: ansible-playbook and what it waited for (its forks, ssh)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    return children_cpu()
 
 
 CPU: dict[str, dict[str, float]] = {}

@@ -11,26 +11,19 @@ prints each side's median and their ratio. Works in a temporary folder and remov
 
 from __future__ import annotations
 
-import argparse
-import json
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from ab import alternate, arguments, children_cpu, save
+
 REPO = Path(__file__).resolve().parents[1]
 REQUIREMENTS = REPO / "requirements-controller.txt"
 LOCK = REPO / "requirements-controller.lock"
 VERIFY = REPO / "verify"
-
-
-def children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def pip_install(venv: Path) -> None:
@@ -69,28 +62,12 @@ def build(side: str, venv: Path) -> tuple[float, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
-    results: dict[str, list[tuple[float, float]]] = {s: [] for s in SIDES}
+    args = arguments(__doc__, rounds=3)
     with tempfile.TemporaryDirectory(prefix="venv-bench.") as tmp:
-        for i in range(args.rounds):
-            order = list(SIDES) if i % 2 == 0 else list(reversed(SIDES))
-            for side in order:
-                cpu, wall = build(side, Path(tmp) / "venv")
-                results[side].append((cpu, wall))
-                print(f"round {i + 1} {side:18s} {cpu:6.1f} CPU-s, {wall:6.1f} s", flush=True)
-    med = {
-        s: (statistics.median(c for c, _ in r), statistics.median(w for _, w in r))
-        for s, r in results.items()
-    }
-    for side, (cpu, wall) in med.items():
-        print(f"median {side:18s} {cpu:6.1f} CPU-s, {wall:6.1f} s")
+        results, med = alternate(list(SIDES), args.rounds, lambda side: build(side, Path(tmp) / "venv"))
     (pip_cpu, pip_wall), (uv_cpu, uv_wall) = med["pip"], med["tools/venv-install"]
     print(f"ratio pip / tools/venv-install: wall {pip_wall / uv_wall:.1f}x, CPU {pip_cpu / uv_cpu:.1f}x")
-    if args.json:
-        args.json.write_text(json.dumps({"rounds": results, "median": med}, indent=2) + "\n")
+    save(args.json, results, med)
     return 0
 
 

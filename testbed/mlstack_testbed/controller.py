@@ -145,9 +145,10 @@ def in_container() -> bool:
 
 
 def requirements_digest(python: str) -> str:
-    """What the venv was built from: the pins, the lock and the interpreter's version."""
+    """What the venv was built from: the pins, the lock, what installs them and the interpreter's version
+    (as `make venv` remakes .venv when any of its inputs changes)."""
     h = hashlib.sha256()
-    for f in (REQUIREMENTS, LOCK):
+    for f in (REQUIREMENTS, LOCK, VENV_INSTALL):
         h.update(f.name.encode() + b"\0" + (f.read_bytes() if f.is_file() else b"-"))
     h.update(python.encode())
     return h.hexdigest()

@@ -40,8 +40,8 @@ unit: venv
 # Command 2: lint and every suite (unit, the testbed's, molecule, ansible-core 2.21's provisioning) as
 # steps of tests/lanes.py: side by side where they only wait on I/O, each on its own vmids and reports/;
 # progress on the console, each step's log and --durations in build/test-lanes/. MLSTACK_TEST_LANES=1
-# runs them one after the other.
-test: venv testbed
+# runs them one after the other. Its first step is `make testbed`, with the unit tests and lint beside it.
+test: venv
 	CORE221_TESTS="$(CORE221_TESTS)" $(PY) tests/lanes.py
 
 # Provisioning again with ansible-core 2.21 (ansible 14.x, community.proxmox 2.x), which needs Python >= 3.12:

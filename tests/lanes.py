@@ -13,6 +13,9 @@ What each step holds decides what may run beside it:
   The ansible-core 2.21 steps run in the controller container, which sees the checkout's own folders:
   they hold one lock, so one at a time writes there.
 
+The first step brings the testbed up (`make testbed`); the unit tests and lint, which need no testbed, run
+beside it, and every other step waits for it (and is not run if it fails).
+
 MLSTACK_TEST_LANES=N runs at most N steps at once (default 6); 1 runs them one after the other in the
 order below, in the checkout's own folders, as a plain `pytest` of each would. Logs: build/test-lanes/.
 Usage: python tests/lanes.py [--only STEP,...] [--list] [-- EXTRA PYTEST ARGS]
@@ -76,6 +79,9 @@ class Step:
     takes_from: str = ""
     # Environment of its command (tests/faults/conftest.py's MLSTACK_FAULTS_VMIDS).
     env: tuple[tuple[str, str], ...] = ()
+    # Whether it needs the testbed up (its nodes, or the LXC and apt packages `testbed up` installs): such a
+    # step waits for the testbed-up step where the run has one.
+    testbed: bool = True
     # Filled in while it runs.
     state: str = "waiting"
     rc: int | None = None
@@ -105,9 +111,13 @@ class Step:
 
 
 PROVISION = "tests/provision/"
+TESTBED_UP = "testbed-up"
 # In priority order (and the serial order). The node-exclusive step goes first, beside the steps that
 # never touch the node; then the long shared steps run together to the end.
 PLAN = [
+    # `make testbed` (on a fresh machine also its apt packages, disk and template: about a minute on one
+    # core), beside the steps that need no testbed; every other step waits for it.
+    Step(TESTBED_UP, argv=("make", "--no-print-directory", "testbed"), node="exclusive", isolated=False),
     Step(
         "node-state",
         (
@@ -128,9 +138,9 @@ PLAN = [
         vmids=span(900, 935, 936, 121, 129, 134, 160),
         node="exclusive",
     ),
-    Step("unit", ("verify/tests", "tests/unit"), node="none"),
+    Step("unit", ("verify/tests", "tests/unit"), node="none", testbed=False),
     # ruff and ansible-lint (`make lint`): minutes of CPU, beside the node-exclusive step's waits.
-    Step("lint", argv=("make", "--no-print-directory", "lint"), node="none", isolated=False),
+    Step("lint", argv=("make", "--no-print-directory", "lint"), node="none", isolated=False, testbed=False),
     Step(
         "core221-controller",
         argv=("sh", "-c", f"{TESTBED} controller up && {TESTBED} controller run -- ansible --version"),
@@ -206,7 +216,11 @@ def first_failure(lines: list[str], tail: int, context: int = 40) -> str:
 def plan(extra: list[str]) -> list[Step]:
     """Every step in priority order: the 2.21 reruns right after the steps whose vmids they wait for."""
     cut = next(i for i, s in enumerate(PLAN) if s.name == "bad-input") + 1
-    return [*PLAN[:cut], *core221_steps(extra), *PLAN[cut:]]
+    steps = [*PLAN[:cut], *core221_steps(extra), *PLAN[cut:]]
+    for s in steps:
+        if s.testbed and s.name != TESTBED_UP and TESTBED_UP not in s.after:
+            s.after = (TESTBED_UP, *s.after)
+    return steps
 
 
 def claimed() -> dict[str, str]:

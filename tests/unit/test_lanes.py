@@ -179,3 +179,45 @@ def test_a_runs_containers_cpu_sums_every_cgroup_of_its_vmids(tmp_path: Path) ->
     assert lanes_cpu.containers_seconds([150], tmp_path) == pytest.approx(5)
     assert lanes_cpu.containers_seconds([150, 151], tmp_path) == pytest.approx(12)
     assert lanes_cpu.containers_seconds([], tmp_path) == 0
+
+
+def test_the_testbed_comes_up_first_with_only_the_steps_that_need_none_beside_it() -> None:
+    """`make test` brings the testbed up as its first step (`make testbed`, the Makefile's one command for
+    it); the unit tests and lint start beside it, every other step waits for it."""
+    steps = lanes.plan([])
+    first = steps[0]
+    assert first.name == lanes.TESTBED_UP and first.argv == ("make", "--no-print-directory", "testbed")
+    beside = [s.name for s in steps[1:] if lanes.TESTBED_UP not in s.after]
+    assert beside == ["unit", "lint"]
+    assert all(s.node == "none" and not s.testbed for s in steps if s.name in beside)
+    free = [s.name for s in steps[1:] if not lanes.conflicts(s, [first])]
+    assert free == [*beside, "core221-controller"]  # which waits for it all the same (its apt packages)
+    assert lanes.plan([])[1].after == steps[1].after  # planning twice adds nothing twice
+
+
+def _fake_step(name: str, script: str, **kw: object) -> lanes.Step:
+    return lanes.Step(name, argv=("sh", "-c", script), isolated=False, **kw)  # type: ignore[arg-type]
+
+
+def test_a_testbed_that_does_not_come_up_runs_none_of_the_steps_that_need_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real processes through the runner: the testbed step fails; the step that needs no testbed runs and
+    passes beside it; the one that needs it is not started, and the report says why."""
+    monkeypatch.setattr(lanes, "LOGS", tmp_path)
+    monkeypatch.setattr(lanes.Runner, "collect_tree", lambda self: None)
+    # A cgroup tree of its own: `make test` may be running its real steps on this machine's tree.
+    (tmp_path / "cgroup").mkdir()
+    monkeypatch.setattr(lanes, "CpuLedger", lambda: lanes_cpu.CpuLedger(tmp_path / "cgroup"))
+    marker = tmp_path / "ran"
+    steps = [
+        _fake_step("fake-up", "sleep 1; echo 'testbed: no lxc here' ; exit 3", node="exclusive"),
+        _fake_step("beside", "echo 1 passed in 0.01s", node="none", testbed=False),
+        _fake_step("needs-it", f"touch {marker}", after=("fake-up",)),
+    ]
+    rc = lanes.Runner(steps, [], 6).run()
+    out = capsys.readouterr().out
+    assert rc == 1 and not marker.exists()
+    assert [s.state for s in steps] == ["failed", "passed", "failed"]
+    assert "needs-it not run: fake-up failed" in out
+    assert "testbed: no lxc here" in out

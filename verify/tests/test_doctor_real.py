@@ -313,6 +313,26 @@ def test_warm_tier_without_gpu_is_skipped_with_its_reason(torch_venv: Path, matc
     p = run.probe("triton_warm")
     assert p["status"] == "skip" and p["summary"] == "no GPU expected (--no-gpu)"
     assert run.report["options"]["seq_lens"] == [2048, 4096]
+    built = run.probe("model_config")
+    assert built["status"] == "pass" and built["summary"].startswith("transformers "), built["summary"]
+
+
+def test_a_warm_plan_parses_the_model_config_and_builds_nothing(
+    torch_venv: Path, matching_lock: Path, tmp_path: Path
+) -> None:
+    """--warm-plan (provisioning's first warm run with a cluster cache) decides the key without a worker:
+    the 27B config is parsed and its fields checked, and left to the warm of the key to build."""
+    run = run_doctor(
+        "--tier", "warm", "--no-gpu", "--warm-plan", "--warm-share", "--profile", str(matching_lock),
+        "--model", "27b", python=str(torch_venv), env=doctor_env({"TRITON_CACHE_DIR": str(tmp_path)}),
+    )  # fmt: skip
+    assert run.rc == 0 and run.report["tier"] == "warm", run.stdout
+    planned = run.probe("model_config")
+    assert planned["status"] == "pass", planned
+    summary = "qwen3_5_text config parsed; a warm plan leaves the build to the warm of its key"
+    assert planned["summary"] == summary
+    assert planned["duration_s"] < 1  # no worker: no torch or transformers import
+    assert run.report["options"]["warm_plan"] is True
 
 
 MICRO = {

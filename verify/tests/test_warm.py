@@ -241,3 +241,14 @@ def test_a_warm_rerun_does_not_build_the_config_again(
     ctx.opts.rewarm = True
     model.model_config(ctx)
     assert built == ["model_config"] * 2
+    # A plan (--warm-plan) on a cold key parses the config and leaves the build to the warm of the key; the
+    # same cold key without --warm-plan builds it.
+    ctx.opts.rewarm, ctx.opts.warm_plan = False, True
+    ctx.opts.seq_lens = [4096]  # another key: cold here
+    plan = model.model_config(ctx)
+    assert plan.status is Status.PASS and built == ["model_config"] * 2, plan.summary
+    assert plan.summary == "qwen3_5_text config parsed; a warm plan leaves the build to the warm of its key"
+    assert ctx.facts["model"]["config"] == plan.evidence["config"]  # the warm probe's key is made from it
+    ctx.opts.warm_plan = False
+    model.model_config(ctx)
+    assert built == ["model_config"] * 3

@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--warm-plan",
         action="store_true",
         help="warm tier: decide, and install what --warm-share holds for the key, but never warm "
-        "(evidence.action 'planned' names the key to fetch)",
+        "(evidence.action 'planned' names the key to fetch); the model config is parsed, not built",
     )
     p.add_argument(
         "--repair",

@@ -195,7 +195,14 @@ PLAN = [
     Step("snapshots", (PROVISION + "test_snapshots.py",), vmids=span((260, 261))),
     # No playbook run of its own writes reports/; its hostroot containers mount in the machine's namespace.
     # CT 960-961: test_api_errors.py's second API server (960 never created, 961 an API record only).
-    Step("testbed", ("tests/testbed",), vmids=span((900, 939), (949, 961)), isolated=False),
+    # With it, the doctor against the node's dummy NVIDIA device nodes: never beside `testbed up` or the
+    # node-state step, which make and remove them (the unit tests run beside both).
+    Step(
+        "testbed",
+        ("tests/testbed", "verify/tests/test_doctor_node_devices.py"),
+        vmids=span((900, 939), (949, 961)),
+        isolated=False,
+    ),
     Step("molecule", argv=("molecule", "test", "-s", "default"), vmids=span(110)),
 ]
 

@@ -14,6 +14,7 @@ from doctor_testlib import (
     PY_VER,
     TEST_TORCH,
     TEST_TRANSFORMERS,
+    write_lock,
 )
 
 # The torch venv is installed without bytecode; each doctor the tests start imports torch and
@@ -53,6 +54,14 @@ def torch_venv() -> Path:
                 )
         marker.write_text("ok")
     return py
+
+
+@pytest.fixture
+def matching_lock(tmp_path: Path) -> Path:
+    """A profile lock that matches the test venv (torch CPU + transformers)."""
+    return write_lock(
+        tmp_path / "profile", {"torch": TEST_TORCH + "+cpu", "transformers": TEST_TRANSFORMERS}
+    ).parent
 
 
 @pytest.fixture(scope="session")

@@ -283,8 +283,9 @@ def test_warm_tier_without_gpu_is_skipped_with_its_reason(torch_venv: Path, matc
     p = run.probe("triton_warm")
     assert p["status"] == "skip" and p["summary"] == "no GPU expected (--no-gpu)"
     assert run.report["options"]["seq_lens"] == [2048, 4096]
-    built = run.probe("model_config")
-    assert built["status"] == "pass" and built["summary"].startswith("transformers "), built["summary"]
+    parsed = run.probe("model_config")  # nothing is warmed without a GPU: no worker builds the config
+    assert parsed["status"] == "pass" and "config parsed; no GPU expected" in parsed["summary"], parsed
+    assert parsed["duration_s"] < 1
 
 
 def test_a_warm_plan_parses_the_model_config_and_builds_nothing(

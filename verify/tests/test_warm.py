@@ -252,3 +252,24 @@ def test_a_warm_rerun_does_not_build_the_config_again(
     ctx.opts.warm_plan = False
     model.model_config(ctx)
     assert built == ["model_config"] * 3
+    # No GPU to warm on: parsed only. A cluster cache holding the key: installed, so parsed only; one that
+    # lacks it: this run warms, so it builds the config.
+    ctx.opts.expect_gpu = False
+    no_gpu = model.model_config(ctx)
+    assert no_gpu.summary.endswith(
+        "config parsed; no GPU expected: nothing is warmed here, and the warm of its key builds it"
+    )
+    ctx.opts.expect_gpu = True
+    share = tmp_path / "share"
+    share.mkdir()
+    ctx.opts.warm_share = str(share)
+    model.model_config(ctx)
+    assert built == ["model_config"] * 4
+    key = warm.cache_key(warm_probe.setup(ctx)[1])
+    (share / f"{key}.tar.gz").write_bytes(b"")
+    (share / f"{key}.json").write_text("{}")
+    held = model.model_config(ctx)
+    assert held.status is Status.PASS and built == ["model_config"] * 4, held.summary
+    assert held.summary.endswith(
+        f"the cluster's cache holds key {key}: installed here, built where it was warmed"
+    )

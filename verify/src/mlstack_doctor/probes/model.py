@@ -168,12 +168,13 @@ def model_config(ctx: Context) -> Result:
             f"(warmed {stamp.get('finished')}, same packages): not built again"
         )
         return passed(name, stage, summary, warm_key=key, **ev)
-    # A warm plan decides and installs what the cluster's cache holds, and never warms: building the config
-    # costs a worker's imports (seconds of CPU for the 27B) and decides nothing. The warm of the key builds it
-    # and trains it; an installed key is proven by the cache's own checks (key, sha256, members, loadable).
-    if ctx.opts.tier == "warm" and ctx.opts.warm_plan:
-        summary = f"{raw['model_type']} config parsed; a warm plan leaves the build to the warm of its key"
-        return passed(name, stage, summary, **ev)
+    # The warm tier builds the config where it warms: a run that only plans, installs the cluster's warm of
+    # the key or has no GPU would pay a worker's imports (seconds of CPU, 13 s on an H200 for the 27B) to
+    # decide nothing. The warm of the key builds and trains it; an installed key is proven by the cache's own
+    # checks (key, sha256, members, loadable).
+    left = warm_probe.build_left_to_warm(ctx)
+    if left is not None:
+        return passed(name, stage, f"{raw['model_type']} config parsed; {left}", **ev)
     if installed("transformers") is None:
         return warned(
             name,

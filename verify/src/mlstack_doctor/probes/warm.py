@@ -67,6 +67,26 @@ def warm_here(ctx: Context) -> tuple[str, dict[str, Any]] | None:
     return None if decision.warm else (decision.key, decision.stamp or {})
 
 
+def build_left_to_warm(ctx: Context) -> str | None:
+    """In the warm tier, why this run leaves building the model config to the warm of its key: it only plans,
+    has no GPU to warm on, or installs the key from the cluster's cache. None where it may warm (a refused
+    install warms too, and its worker builds the config it trains). ctx.facts["model"] is set."""
+    if ctx.opts.tier != "warm":
+        return None
+    if ctx.opts.warm_plan:
+        return "a warm plan leaves the build to the warm of its key"
+    if not ctx.opts.expect_gpu:
+        return "no GPU expected: nothing is warmed here, and the warm of its key builds it"
+    cache = cache_dir()
+    share = _share(ctx, cache)
+    if share is None or ctx.opts.rewarm:
+        return None
+    key = warm.cache_key(setup(ctx)[1])
+    if not warm_share.has(share, key):
+        return None
+    return f"the cluster's cache holds key {key}: installed here, built where it was warmed"
+
+
 def _share(ctx: Context, cache: str) -> Path | None:
     """The cluster's cache as this host sees it (--warm-share DIR), the node's own share folder inside the
     cache (--warm-share alone: the controller's copies land there), or None (no sharing)."""

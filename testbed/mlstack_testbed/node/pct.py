@@ -345,12 +345,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def pveversion_main() -> int:
-    """`pveversion`: PVE's one-line form (and -v), matching the fakepve API version."""
+    """`pveversion`: PVE's one-line form (and -v), matching the fakepve API version (as `testbed up` recorded
+    it in testbed.json; fakepve's own where no testbed runs)."""
+    import json
     import platform
 
-    from fakepve.model import Model
+    try:
+        version = str(json.loads(paths.TESTBED_JSON.read_text())["pve_version"])
+    except (OSError, ValueError, KeyError):
+        from fakepve.model import Model
 
-    version = Model().version
+        version = Model().version
     kernel = platform.release()
     if any(a in ("-v", "--verbose") for a in sys.argv[1:]):
         print(f"proxmox-ve: {version.rsplit('.', 1)[0]}.0 (running kernel: {kernel})")

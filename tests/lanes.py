@@ -125,9 +125,8 @@ PLAN = [
             "tests/testbed/test_testbed_cli.py",
             # `testbed up --nodes 2` (refused while testbed3 holds CT 936; CT 935-936).
             "tests/testbed/test_multinode.py",
-            # The GPU model set to h200 for a whole module (CT 121, CT 129).
+            # The GPU model set to h200 for a whole module (CT 121; CT 141 planned only).
             PROVISION + "test_policy_refusal.py",
-            PROVISION + "test_upgrade.py",
             # The nodes' NVIDIA kernel module set, then upgraded (CT 134).
             PROVISION + "test_driver_upgrade.py",
             # /dev/nvidia1, passed through to every container, removed from the machine (CT 160).
@@ -135,7 +134,7 @@ PLAN = [
         ),
         # The fault suite's session fixtures (CT 160) come along; so does its secrets grep, over these runs.
         again=("tests/faults/test_fault_secrets.py",),
-        vmids=span(900, 935, 936, 121, 129, 134, 160),
+        vmids=span(900, 935, 936, 121, 141, 134, 160),
         node="exclusive",
     ),
     Step("unit", ("verify/tests", "tests/unit"), node="none", testbed=False),
@@ -189,6 +188,8 @@ PLAN = [
     # Shared folders removed under running containers (CT 220-221): folders of its own (pve_host_root), so
     # the node's shared store that the other steps' containers bind is never touched.
     Step("mount-heal", (PROVISION + "test_mount_heal.py",), vmids=span((220, 229))),
+    # upgrade.yml and rollback.yml on CT 129, on the node as every shared step finds it.
+    Step("upgrade", (PROVISION + "test_upgrade.py",), vmids=span(129)),
     Step("bad-input", (PROVISION + "test_bad_input.py",), vmids=span((121, 127), 139)),
     # Snapshots around an upgrade (CT 260-261): two stacks built, in a step of its own rather than at the
     # end of the provision step, the longest.

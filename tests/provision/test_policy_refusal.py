@@ -1,6 +1,9 @@
 """The stack policy through provision.yml on the testbed node reporting H200s (its nvidia-smi replays
 a recorded H200 answer): a training container that explicitly asks for a stack whose FLA refuses the
-backward on Hopper without tilelang is refused in the preflight, before anything exists (CT 121)."""
+backward on Hopper without tilelang is refused in the preflight, before anything exists (CT 121); an
+inference container on that stack is accepted, and the plan says why (CT 141, planned only; the upgrade
+of such a container, tests/provision/test_upgrade.py, runs beside the other steps on a node without a
+driver)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ import pytest
 from playbook_runner import PlaybookRun, container, make_runner, set_gpu_model
 
 VMID = 121
+# An inference container on that stack (test_upgrade.py provisions one): planned only (--check).
+PLANNED = 141
+OLD = "torch211-triton36"
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +29,7 @@ def h200_node(testbed: Any) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def refused(h200_node: None, tmp_path_factory: pytest.TempPathFactory) -> PlaybookRun:
     run = make_runner(tmp_path_factory.mktemp("policy"))
-    entry = container(VMID, profile="torch211-triton36", extras=[], purpose="training")
+    entry = container(VMID, profile=OLD, extras=[], purpose="training")
     return run("provision.yml", [entry], timeout=600)
 
 
@@ -45,3 +51,23 @@ def test_refusal_names_the_gpu_and_the_alternative(refused: PlaybookRun) -> None
     # What to choose instead: the profile that trains on Hopper without tilelang, or the extra.
     assert "torch211-triton37-fla06" in said or "tilelang" in said, said[-3000:]
     assert "Nothing was changed." in said
+
+
+@pytest.fixture(scope="module")
+def accepted(h200_node: None, tmp_path_factory: pytest.TempPathFactory) -> PlaybookRun:
+    run = make_runner(tmp_path_factory.mktemp("policy-accepted"))
+    entry = container(PLANNED, profile=OLD, extras=[], purpose="inference")
+    return run("provision.yml", [entry], timeout=600, flags=("--check", "--diff"))
+
+
+def test_the_old_stack_is_accepted_for_inference(accepted: PlaybookRun, api: Any, testbed: Any) -> None:
+    from proxmoxer.core import ResourceException
+
+    said = " ".join(accepted.output.split())
+    assert accepted.rc == 0, said[-4000:]
+    assert "testbed: 8 GPU(s): NVIDIA H200 (sm_90)" in said
+    accepted_line = f"CT {PLANNED}: profile {OLD}, extras [], purpose inference, GPUs sm_90."
+    assert accepted_line in said, said[-4000:]
+    # A plan: the container was not made.
+    with pytest.raises(ResourceException):
+        api.nodes(testbed.node).lxc(PLANNED).status.current.get()

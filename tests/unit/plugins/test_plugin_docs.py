@@ -14,7 +14,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[3]
 PLUGINS = sorted(
     p
-    for kind in ("modules", "action", "connection")
+    for kind in ("modules", "action", "connection", "callback")
     for p in (REPO / "plugins" / kind).glob("*.py")
     if p.name != "__init__.py"
 )

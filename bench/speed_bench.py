@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "testbed"))
 
 from fleet_bench import controller_seconds, machine_busy_seconds  # noqa: E402
 from playbook_runner import PlaybookRun, container, make_runner  # noqa: E402
-from provision_bench import PROFILE_ENV, task_times  # noqa: E402
+from provision_bench import profile_env, task_times  # noqa: E402
 
 PAIR = (190, 191)
 FLEET = {"testbed": (192, 193), "testbed2": (194, 195), "testbed3": (196, 197)}
@@ -121,8 +121,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="mlstack-speed-"))
     base = worktree(args.baseline)
     sides = {
-        "baseline": make_runner(work / "baseline", repo=base, env=PROFILE_ENV),
-        "this": make_runner(work / "this", env=PROFILE_ENV),
+        "baseline": make_runner(work / "baseline", repo=base, env=profile_env(base)),
+        "this": make_runner(work / "this", env=profile_env()),
     }
     for folder in ("baseline", "this"):
         (work / folder).mkdir()

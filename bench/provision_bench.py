@@ -12,7 +12,6 @@ N = 1, 2, 4 containers in one run. Per-task times come from the profile_tasks ca
 from __future__ import annotations
 
 import argparse
-import configparser
 import json
 import re
 import shutil
@@ -25,21 +24,16 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "provision"))
 
-from playbook_runner import PlaybookRun, container, make_runner  # noqa: E402
+from playbook_runner import PlaybookRun, callbacks_with, container, make_runner  # noqa: E402
 
 BENCH_CACHE = "/var/lib/mlstack/bench/cache/uv"
 VENV_TASK = "Build the venv from the lock"
 
 
 def profile_env(repo: Path = REPO) -> dict[str, str]:
-    """profile_tasks' per-task times on top of the callbacks `repo`'s ansible.cfg enables (the variable
-    replaces that list: without them a side would run without mlstack.pve.worker_gc)."""
-    cfg = configparser.ConfigParser(interpolation=None)
-    cfg.read(repo / "ansible.cfg")
-    listed = cfg.get("defaults", "callbacks_enabled", fallback="")
-    enabled = [c.strip() for c in listed.split(",") if c.strip()]
+    """profile_tasks' per-task times, beside the callbacks `repo`'s ansible.cfg enables."""
     return {
-        "ANSIBLE_CALLBACKS_ENABLED": ",".join([*enabled, "ansible.posix.profile_tasks"]),
+        "ANSIBLE_CALLBACKS_ENABLED": callbacks_with("ansible.posix.profile_tasks", repo=repo),
         "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "all",
     }
 

@@ -20,9 +20,11 @@ description:
     objects are left out of its collections, and what the worker itself allocates is collected as
     before. The main process is unchanged. It prints nothing and changes no result.
   - >-
-    On the testbed a changed=0 rerun of one node and two containers costs about 10% less controller CPU,
-    a first container about 14% (docs/benchmarks.md). Enable it with C(callbacks_enabled = mlstack.pve.worker_gc) in the
-    C([defaults]) section of ansible.cfg, as this collection's own ansible.cfg does.
+    On the testbed a changed=0 rerun of one node and two containers costs about 10% less controller
+    CPU, a first container about 14% (docs/benchmarks.md). Enable it with
+    C(callbacks_enabled = mlstack.pve.worker_gc) in the C([defaults]) section of ansible.cfg, as this
+    collection's own ansible.cfg does. A run that sets C(ANSIBLE_CALLBACKS_ENABLED) replaces that list:
+    name it there too.
 version_added: 0.1.0
 requirements:
   - A controller whose workers are forked (the default on Linux).

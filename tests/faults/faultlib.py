@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from playbook_runner import callbacks_with
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PY = str(REPO / ".venv" / "bin" / "python")
@@ -50,7 +52,7 @@ def fault_env(task: str, cmd: str, mark: Path, when: str = "ok", on_retry: str =
     `on_retry` when that task is first retried)."""
     return {
         "ANSIBLE_CALLBACK_PLUGINS": str(CALLBACKS),
-        "ANSIBLE_CALLBACKS_ENABLED": "mlstack_fault",
+        "ANSIBLE_CALLBACKS_ENABLED": callbacks_with("mlstack_fault"),
         "MLSTACK_FAULT_TASK": task,
         "MLSTACK_FAULT_WHEN": when,
         "MLSTACK_FAULT_CMD": cmd,

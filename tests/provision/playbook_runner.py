@@ -3,6 +3,7 @@ their outcome: shared by the provisioning and fault suites and the provisioning 
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import re
@@ -93,6 +94,15 @@ def read_testbed_token(state_dir: Path | str) -> tuple[str, Path]:
 def vars_of_testbed_token(state_dir: Path | str) -> dict[str, str]:
     """token_vars of the testbed's own token."""
     return token_vars(*read_testbed_token(state_dir))
+
+
+def callbacks_with(*extra: str, repo: Path = REPO) -> str:
+    """ANSIBLE_CALLBACKS_ENABLED for runs that add callbacks (profile_tasks, the fault suite's): the
+    variable replaces the list `repo`'s ansible.cfg enables, so that list is kept, first."""
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(repo / "ansible.cfg")
+    listed = cfg.get("defaults", "callbacks_enabled", fallback="")
+    return ",".join([*(c.strip() for c in listed.split(",") if c.strip()), *extra])
 
 
 def set_gpu_model(model: str | None) -> None:

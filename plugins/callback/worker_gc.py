@@ -11,10 +11,10 @@ author: mlstack maintainers
 short_description: Less controller CPU per task, by freezing the heap each worker inherits
 description:
   - >-
-    ansible-playbook forks one worker process per task and host from its main process. The first
-    garbage collection in a worker walks every object inherited from the main process (inventory,
-    variables, loaded plugins) and writes to each, so the kernel copies the inherited heap page by
-    page into a worker that runs one task.
+    ansible-playbook forks one worker process per task and host from its main process. A garbage
+    collection in a worker walks the objects it inherited (the inventory, variables and plugins the
+    main process holds) in the generations it collects, and writes to each, so the kernel copies
+    those pages into a worker that runs one task.
   - >-
     With this callback enabled, each worker calls C(gc.freeze()) right after the fork: the inherited
     objects are left out of its collections, and what the worker itself allocates is collected as

@@ -42,7 +42,7 @@ _registered = False
 def _freeze_in_workers() -> None:
     """Once per process, however often the plugin is loaded."""
     global _registered
-    if not _registered and hasattr(os, "register_at_fork"):
+    if not _registered:
         os.register_at_fork(after_in_child=gc.freeze)
         _registered = True
 

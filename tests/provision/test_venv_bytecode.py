@@ -2,10 +2,13 @@
 with test_doctor_defaults.py): mlstack-build-venv, as provisioning installed it in the container, builds
 another venv of the default profile beside the active one, in the same shared store, and links the .pyc
 files whose source is the very same file. Importing torch and transformers there then compiles nothing,
-and the modules are those of the new venv. A venv of another lock under the same name shares nothing."""
+and the modules are those of the new venv. The doctor of that venv finds the model config the first venv's
+doctor built (its stamp, in a Triton cache both name) and does not build it again; a file of its own in
+place of a shared one makes it build. A venv of another lock under the same name shares nothing."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -71,6 +74,51 @@ def test_a_second_venv_of_the_same_lock_imports_without_compiling(profile: dict[
     assert imported.returncode == 0, imported.stderr
     assert imported.stdout.strip() == f"{venv}/lib/python3.11/site-packages/torch/__init__.py"
     assert count(venv) == before  # nothing compiled on the first import
+
+
+def model_config(venv: str, root: str) -> dict[str, Any]:
+    """The model_config probe of `venv`'s doctor, typed as a user would (the container's login environment),
+    with Triton caches under `root`: <root>/<venv name>, as provisioning lays out the node's caches."""
+    run = sh(
+        f". /etc/profile.d/mlstack.sh; cd /root && "
+        f"{venv}/bin/mlstack-doctor --no-gpu --only model_config --triton-cache-root {root} --json --quiet"
+    )
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:])
+    return next(p for p in json.loads(run.stdout)["probes"] if p["name"] == "model_config")
+
+
+def test_a_second_venv_of_the_lock_finds_the_model_config_built_by_the_first(profile: dict[str, str]) -> None:
+    venv = f"{ASIDE}/{profile['name']}"
+    built = sh(f"mkdir -p {ASIDE} && {BUILDER} {profile['dir']} {venv}")  # already complete after the above
+    assert built.returncode == 0, (built.stdout, built.stderr)
+    # The doctor in the second venv, from the wheel provisioning copied into the container.
+    doctor = sh(
+        f"UV_CACHE_DIR=/tmp/uv-doctor-test /opt/mlstack/tools/bin/uv pip install -q --offline --no-deps "
+        f"--python {venv}/bin/python /opt/mlstack/dist/mlstack_doctor-*.whl"
+    )
+    assert doctor.returncode == 0, doctor.stderr
+    # Caches of the test's own, not the node's that other containers of this stack use meanwhile; both
+    # venvs have the same name, so the same cache.
+    root = "/tmp/config-stamp-test"
+    sh(f"rm -rf {root}")
+    first = model_config(ACTIVE, root)
+    assert first["status"] == "pass" and "built_at" not in first["evidence"], first
+    assert first["evidence"]["config_stamp"].startswith(f"{root}/{profile['name']}/mlstack-config/"), first
+
+    second = model_config(venv, root)
+    assert second["status"] == "pass", second
+    assert second["summary"].endswith("with these very files: not built again)"), second["summary"]
+    assert second["evidence"]["config_stamp"] == first["evidence"]["config_stamp"]
+    assert second["evidence"]["built_on"] == sh("hostname").stdout.strip()
+    assert second["evidence"]["params"] == first["evidence"]["params"]
+
+    # One file of the second venv replaced by a copy of the same bytes: no longer the first venv's file.
+    init = f"{venv}/lib/python3.11/site-packages/transformers/__init__.py"
+    sh(f"cp -p {init} {init}.copy && mv {init}.copy {init}")
+    third = model_config(venv, root)
+    assert third["status"] == "pass" and "built_at" not in third["evidence"], third
+    assert third["evidence"]["config_stamp"] != first["evidence"]["config_stamp"]
+    sh(f"rm -rf {root} /tmp/uv-doctor-test")
 
 
 def test_a_venv_of_another_lock_shares_nothing(profile: dict[str, str]) -> None:

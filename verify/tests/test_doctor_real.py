@@ -35,15 +35,19 @@ GPU_PROBES = (
 )
 
 
-def test_no_gpu_is_an_honest_pass(torch_venv: Path, matching_lock: Path) -> None:
-    run = run_doctor("--no-gpu", "--profile", str(matching_lock), python=str(torch_venv))
+def test_no_gpu_is_an_honest_pass(torch_venv: Path, matching_lock: Path, tmp_path: Path) -> None:
+    # A cache of its own: no stamp of an earlier build stands in for the build (config_stamp).
+    env = doctor_env({"TRITON_CACHE_DIR": str(tmp_path / "triton")})
+    run = run_doctor("--no-gpu", "--profile", str(matching_lock), python=str(torch_venv), env=env)
     assert run.rc == 0, run.stdout
     for name in GPU_PROBES:
         p = run.probe(name)
         assert p["status"] == "skip" and p["summary"] == "no GPU expected (--no-gpu)"
     for name in ("c_compiler", "python_headers", "c_extension_build", "triton_cache_dir", "package_versions"):
         assert run.probe(name)["status"] == "pass", run.probe(name)
-    assert run.probe("model_config")["status"] == "pass"  # transformers really builds the shipped config
+    # transformers really builds the shipped config
+    built = run.probe("model_config")
+    assert built["status"] == "pass" and "built_at" not in built["evidence"], built
     assert run.report["summary"]["root_cause"] is None
 
 
@@ -193,10 +197,13 @@ def test_model_config_worker_death_is_not_a_corrupt_config(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("model,params_b", [("tiny", 0.02), ("27b", 25.38)])
-def test_shipped_configs_build_in_transformers(torch_venv: Path, model: str, params_b: float) -> None:
-    run = run_doctor("--no-gpu", "--only", "model_config", "--model", model, python=str(torch_venv))
+def test_shipped_configs_build_in_transformers(
+    torch_venv: Path, model: str, params_b: float, tmp_path: Path
+) -> None:
+    env = doctor_env({"TRITON_CACHE_DIR": str(tmp_path / "triton")})
+    run = run_doctor("--no-gpu", "--only", "model_config", "--model", model, python=str(torch_venv), env=env)
     ev = run.probe("model_config")["evidence"]
-    assert run.rc == 0 and ev["model_type"] == "qwen3_5_text"
+    assert run.rc == 0 and ev["model_type"] == "qwen3_5_text" and "built_at" not in ev
     assert round(ev["params"] / 1e9, 2) == params_b
     assert set(ev["layer_types"]) == {"linear_attention", "full_attention"}
 

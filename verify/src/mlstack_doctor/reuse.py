@@ -64,7 +64,7 @@ def _model_lines(model: str) -> list[str]:
     return [_stat_line(p) for p in files[:MODEL_FILES_MAX]]
 
 
-def _doctor_lines() -> list[str]:
+def doctor_lines() -> list[str]:
     """The doctor's files and their sha256: a doctor that changed (an upgraded collection installs a new
     wheel of the same version) runs its tier in full rather than carrying an older doctor's verdicts."""
     files = sorted(p for p in DOCTOR_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
@@ -75,7 +75,7 @@ def fingerprint(options: dict[str, Any]) -> str:
     """sha256 of what the probes' verdicts depend on; `options` as the report records them."""
     lines = [
         f"doctor={__version__}",
-        *_doctor_lines(),
+        *doctor_lines(),
         f"python={sys.version}",
         f"executable={os.path.realpath(sys.executable)}",
     ]

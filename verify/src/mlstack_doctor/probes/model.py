@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mlstack_doctor import runner, warm
+from mlstack_doctor import config_stamp, runner, warm
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
 from mlstack_doctor.peaks import bf16_peak
@@ -190,6 +190,16 @@ def model_config(ctx: Context) -> Result:
     # METH_CLASS or METH_STATIC"); a fresh process raises the first, real error.
     s = ctx.session
     import_errors = (s.imports.get("import_errors") or {}) if s is not None and s.started else {}
+    # A worker of its own (no session running its imports): a build with these very files may be stamped.
+    stamp_key = config_stamp.key(cfg_path) if s is None or s.dead or not s.started else None
+    stamp = config_stamp.read(warm_probe.cache_dir(), stamp_key) if stamp_key else None
+    if stamp is not None:
+        uncompiled = config_stamp.uncompiled()
+        if not uncompiled:
+            return _built(ctx, name, stage, ev, stamp["data"], _stamp_evidence(stamp_key, stamp))
+        ev["config_stamp_unused"] = (
+            f"{', '.join(uncompiled)} not compiled in this venv yet: built, which compiles the bytecode"
+        )
     if import_errors:
         ev["session_import_errors"] = import_errors
         script, extra = gpu.OPS["model_config"]
@@ -228,12 +238,37 @@ def model_config(ctx: Context) -> Result:
             fix,
             **ev,
         )
+    stamped: dict[str, Any] = {}
+    if stamp_key:
+        try:
+            stamped["config_stamp"] = str(config_stamp.write(warm_probe.cache_dir(), stamp_key, data))
+        except OSError as exc:
+            stamped["config_stamp_unwritten"] = f"{type(exc).__name__}: {exc}"
+    return _built(ctx, name, stage, ev, data, stamped)
+
+
+def _stamp_evidence(key: str, stamp: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "config_stamp": str(config_stamp.stamp_path(warm_probe.cache_dir(), key)),
+        "built_at": stamp.get("built"),
+        "built_on": stamp.get("host"),
+    }
+
+
+def _built(
+    ctx: Context, name: str, stage: Stage, ev: dict[str, Any], data: dict[str, Any], more: dict[str, Any]
+) -> Result:
+    """A config transformers built: now by a worker, or earlier with these very files (`more` says)."""
     ev.update(data)
+    ev.update(more)
     ctx.facts["model_info"] = data
     params = f", {data['params'] / 1e9:.2f} B params" if data.get("params") else ""
-    return passed(
-        name, stage, f"transformers {data['transformers']} builds {data['config_class']}{params}", **ev
-    )
+    summary = f"transformers {data['transformers']} builds {data['config_class']}{params}"
+    if "built_at" in more:
+        summary += (
+            f" (built at {more['built_at']} on {more['built_on']} with these very files: not built again)"
+        )
+    return passed(name, stage, summary, **ev)
 
 
 def model_forward(ctx: Context) -> Result:

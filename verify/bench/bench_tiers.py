@@ -3,7 +3,9 @@
 process (as monitoring and provisioning run it), rounds interleaved so both tiers see the same machine.
 
 Prints the median wall per tier and the ratio of each tier to the first one (quick/fast by default),
-all measured in this one run. Standard library only.
+all measured in this one run. A tier written TIER+cold runs with the cache's model config stamps removed
+first (config_stamp), so `--tiers quick+cold,quick` compares a build of the config with a stamped one.
+Standard library only.
 
   python3 verify/bench/bench_tiers.py --no-gpu -n 5            # a CPU machine
   python3 verify/bench/bench_tiers.py -n 3 --json tiers.json   # a GPU machine
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -22,9 +25,14 @@ import time
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+sys.path.insert(0, str(SRC))
+from mlstack_doctor.config_stamp import STAMP_DIR  # noqa: E402
 
 
 def once(tier: str, extra: list[str], cache: str) -> tuple[float, int, str | None]:
+    if tier.endswith("+cold"):
+        tier = tier.removesuffix("+cold")
+        shutil.rmtree(Path(cache) / STAMP_DIR, ignore_errors=True)
     env = dict(
         os.environ, TRITON_CACHE_DIR=cache, PYTHONPATH=f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     )
@@ -63,13 +71,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  run {i + 1} {tier}: {wall:.2f} s rc={rc} root_cause={root}", flush=True)
     base = statistics.median(walls[tiers[0]])
     rows = []
-    print(f"\n{'tier':<8} {'median_s':>9} {'min_s':>7} {'max_s':>7} {'x ' + tiers[0]:>9}  root causes")
+    print(f"\n{'tier':<10} {'median_s':>9} {'min_s':>7} {'max_s':>7} {'x ' + tiers[0]:>9}  root causes")
     for tier in tiers:
         med = statistics.median(walls[tier])
         ratio = med / base if base else float("nan")
         rows.append({"tier": tier, "median_s": med, "walls_s": walls[tier], "ratio": ratio})
         causes = ",".join(sorted(str(r) for r in roots[tier]))
-        print(f"{tier:<8} {med:9.2f} {min(walls[tier]):7.2f} {max(walls[tier]):7.2f} {ratio:9.1f}  {causes}")
+        print(f"{tier:<10} {med:9.2f} {min(walls[tier]):7.2f} {max(walls[tier]):7.2f} {ratio:9.1f}  {causes}")
     if args.json:
         Path(args.json).write_text(
             json.dumps({"runs": args.n, "doctor_args": extra, "tiers": rows}, indent=2)

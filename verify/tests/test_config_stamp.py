@@ -111,7 +111,7 @@ def test_a_passed_build_is_stamped_and_the_next_run_does_not_build_it(
     assert first.rc == 0 and built["status"] == "pass", built
     assert "not built again" not in built["summary"] and "built_at" not in built["evidence"]
     stamp = Path(built["evidence"]["config_stamp"])
-    assert stamp.parent == cache / "mlstack-config"
+    assert stamp.parent == cache / config_stamp.STAMP_DIR
     assert json.loads(stamp.read_text())["data"]["params"] == built["evidence"]["params"]
 
     again = run_doctor(*args, python=str(torch_venv), env=env)
@@ -126,7 +126,7 @@ def test_a_passed_build_is_stamped_and_the_next_run_does_not_build_it(
     moved = run_doctor(*args, python=str(torch_venv), env={**env, "TMPDIR": str(tmp_path)})
     rebuilt = moved.probe("model_config")
     assert rebuilt["status"] == "pass" and "built_at" not in rebuilt["evidence"], rebuilt
-    assert len(list((cache / "mlstack-config").glob("*.json"))) == 2
+    assert len(list((cache / config_stamp.STAMP_DIR).glob("*.json"))) == 2
 
 
 def test_a_failed_build_is_not_stamped(torch_venv: Path, tmp_path: Path) -> None:
@@ -137,8 +137,8 @@ def test_a_failed_build_is_not_stamped(torch_venv: Path, tmp_path: Path) -> None
         '"num_hidden_layers": 1, "vocab_size": 8, "num_attention_heads": 1}'
     )
     env = doctor_env({"TRITON_CACHE_DIR": str(cache)})
-    for _ in range(2):
-        args = ("--no-gpu", "--only", "model_config", "--model", str(tmp_path / "model"))
-        run = run_doctor(*args, python=str(torch_venv), env=env)
-        assert run.rc == 1 and run.probe("model_config")["code"] == "MODEL_TYPE_UNKNOWN"
-    assert not (cache / "mlstack-config").exists() or not any((cache / "mlstack-config").iterdir())
+    args = ("--no-gpu", "--only", "model_config", "--model", str(tmp_path / "model"))
+    run = run_doctor(*args, python=str(torch_venv), env=env)
+    assert run.rc == 1 and run.probe("model_config")["code"] == "MODEL_TYPE_UNKNOWN"
+    assert "config_stamp" not in run.probe("model_config")["evidence"]
+    assert not list((cache / config_stamp.STAMP_DIR).glob("*"))

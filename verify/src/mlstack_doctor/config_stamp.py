@@ -4,11 +4,12 @@ Outside a GPU session, `model_config` pays a worker's imports of torch, transfor
 CPU) to build the config on `meta`. The result depends only on what the worker reads, so the doctor
 stamps a passed build under a key of all of it, in <TRITON_CACHE_DIR>/mlstack-config/<key>.json:
 
-  the config file's bytes; the doctor's own files; the interpreter (its version and binary); every file
-  on the import path (sys.path less the entry point's folder): a file the venv shares with the node's uv
-  store (a hard link) by inode, size, mtime and mode, a file of its own (the venv's .pth, dist-info
-  RECORDs, the stdlib) by its bytes and mode; the folders' modes and owners; the system's packages
-  (dpkg's status); the uid and groups; the environment that steers imports; the resource limits
+  the config file's bytes; the doctor's own files; the interpreter (its version, its binary's bytes);
+  every file on the import path less the standard library (which dpkg's status and the interpreter
+  cover): a file the venv shares with the node's uv store (a hard link) by inode, size, mtime and mode,
+  a file of its own (the venv's .pth, the dist-info RECORDs) by its bytes and mode; the folders' modes
+  and owners; the system's packages (dpkg's status); the uid and groups; the environment that steers
+  imports; the resource limits
 
 The cache of a stack is shared by the node's containers of that stack (the ml_venv role), and their
 venvs are hard links into one store: the second container of a node finds the stamp of the first and
@@ -137,8 +138,9 @@ def key(config: str | Path, roots: Iterable[str] | None = None) -> str | None:
     walk = _Walk()
     try:
         walk.lines.append(f"config={sha256_of(config)}")
+        # By its bytes: each container's root filesystem has its own copy of the same binary.
         interpreter = os.path.realpath(sys.executable)
-        walk.file(interpreter, "interpreter", os.lstat(interpreter))
+        walk.lines.append(f"interpreter={interpreter}:{sha256_of(interpreter)}")
         if os.path.isfile(DPKG_STATUS):
             walk.lines.append(f"dpkg={sha256_of(DPKG_STATUS)}")
         for i, root in enumerate(import_roots() if roots is None else roots):

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """ansible-playbook's CPU with Ansible's internal_poll_interval (0.001 s) and with the checkout's ansible.cfg.
 
-  .venv/bin/python bench/poll_bench.py [--rounds N] [--wait S] [--rerun] [--json out.json]
+  .venv/bin/python bench/poll_bench.py [--rounds N] [--wait S] [--rerun] [--first] [--json out.json]
 
 While a task runs, ansible-playbook's main process checks its workers every internal_poll_interval seconds.
 Each round runs, with each setting in turn (the order alternating): a play on localhost whose one task
 waits S seconds (`command: sleep S`, default 20), the CPU of that run being mostly the checks; and with
 --rerun a changed=0 rerun of provision.yml against the checkout's inventory (CT 100 of the testbed,
-provisioned first by `make provision`), whose wall time shows what the longer interval costs in latency.
+provisioned first by `make provision`), whose wall time shows what the longer interval costs in latency;
+and with --first CT 100 destroyed (destroy.yml) and provisioned again: a first container, whose apt, venv
+and doctor tasks take most of a minute.
 Both sides use the checkout's ansible.cfg; the default side's copy differs only in that one setting.
 Prints each side's medians and their ratios.
 """
@@ -62,6 +64,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--wait", type=int, default=20, help="seconds the waiting task takes")
     ap.add_argument("--rerun", action="store_true", help="also a changed=0 rerun of CT 100 (testbed)")
+    ap.add_argument("--first", action="store_true", help="also CT 100 destroyed and provisioned (testbed)")
     ap.add_argument("--json", type=Path, help="every round's figures and the medians, per side")
     args = ap.parse_args()
 
@@ -94,6 +97,19 @@ def main() -> int:
             print(f"ratio: CPU {d_cpu / o_cpu:.2f}x, wall {d_wall / o_wall:.2f}x")
             if args.json:
                 save(args.json.with_suffix(".rerun.json"), results, med)
+        if args.first:
+            print("first provision of CT 100 (destroyed before each):")
+            destroy = ("playbooks/destroy.yml", "-e", "mlstack_destroy_confirm=true")
+
+            def first(side: str) -> tuple[float, float]:
+                run(CFG, *destroy)
+                return run(configs[sides[side]], "playbooks/provision.yml")
+
+            results, med = alternate(list(sides), args.rounds, first)
+            (d_cpu, d_wall), (o_cpu, o_wall) = (med[s] for s in sides)
+            print(f"ratio: CPU {d_cpu / o_cpu:.2f}x, wall {d_wall / o_wall:.2f}x")
+            if args.json:
+                save(args.json.with_suffix(".first.json"), results, med)
     return 0
 
 

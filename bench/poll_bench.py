@@ -22,9 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from ab import alternate, children_cpu, save
+from ab import Figure, alternate, children_cpu, save
 
 REPO = Path(__file__).resolve().parents[1]
 CFG = REPO / "ansible.cfg"
@@ -40,13 +41,7 @@ WAIT_PLAY = """- name: One task that waits
 """
 
 
-def checkout_interval() -> str:
-    cfg = configparser.ConfigParser()
-    cfg.read(CFG)
-    return cfg.get("defaults", "internal_poll_interval", fallback=ANSIBLE_DEFAULT)
-
-
-def run(cfg: Path, *args: str) -> tuple[float, float]:
+def run(cfg: Path, *args: str) -> Figure:
     """(CPU seconds, wall seconds) of one ansible-playbook run, which must pass."""
     cpu0, t0 = children_cpu(), time.monotonic()
     subprocess.run(
@@ -59,6 +54,18 @@ def run(cfg: Path, *args: str) -> tuple[float, float]:
     return children_cpu() - cpu0, time.monotonic() - t0
 
 
+def compare(
+    title: str, sides: dict[str, Path], rounds: int, measure: Callable[[Path], Figure], json_out: Path | None
+) -> dict[str, Figure]:
+    """One workload, each side's config in turn: its rounds, medians and ratios printed (and saved)."""
+    print(f"{title}:")
+    results, med = alternate(list(sides), rounds, lambda side: measure(sides[side]))
+    save(json_out, results, med)
+    (d_cpu, d_wall), (o_cpu, o_wall) = med.values()
+    print(f"ratio: CPU {d_cpu / o_cpu:.2f}x, wall {d_wall / o_wall:.2f}x")
+    return med
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -68,48 +75,47 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="every round's figures and the medians, per side")
     args = ap.parse_args()
 
-    ours = checkout_interval()
-    sides = {f"{ANSIBLE_DEFAULT} (Ansible's)": ANSIBLE_DEFAULT, f"{ours} (ansible.cfg)": ours}
+    def json_out(suffix: str) -> Path | None:
+        return args.json.with_suffix(suffix) if args.json else None
+
+    cfg = configparser.ConfigParser()
+    cfg.read(CFG)
+    ours = cfg.get("defaults", "internal_poll_interval", fallback=ANSIBLE_DEFAULT)
     # The copy sits beside ansible.cfg: Ansible resolves the config's relative paths from its folder.
     with (
         tempfile.NamedTemporaryFile("w", dir=REPO, prefix=".poll-bench-", suffix=".cfg") as default_cfg,
         tempfile.TemporaryDirectory(prefix="poll-bench.") as tmp,
     ):
-        cfg = configparser.ConfigParser()
-        cfg.read(CFG)
         cfg.set("defaults", "internal_poll_interval", ANSIBLE_DEFAULT)
         cfg.write(default_cfg)
         default_cfg.flush()
-        configs = {ANSIBLE_DEFAULT: Path(default_cfg.name), ours: CFG}
+        # Ansible's default first: the ratios are default / ours.
+        sides = {f"{ANSIBLE_DEFAULT} (Ansible's)": Path(default_cfg.name), f"{ours} (ansible.cfg)": CFG}
         wait_play = Path(tmp) / "wait.yml"
         wait_play.write_text(WAIT_PLAY.format(seconds=args.wait))
 
-        print(f"a task of {args.wait} s on localhost:")
-        results, med = alternate(list(sides), args.rounds, lambda s: run(configs[sides[s]], str(wait_play)))
-        save(args.json, results, med)
-        (d_cpu, _), (o_cpu, _) = (med[s] for s in sides)
-        print(f"ratio: CPU {d_cpu / o_cpu:.2f}x ({(d_cpu - o_cpu) / args.wait * 100:.1f}% of a core saved)")
+        title = f"a task of {args.wait} s on localhost"
+        med = compare(title, sides, args.rounds, lambda c: run(c, str(wait_play)), args.json)
+        (d_cpu, _), (o_cpu, _) = med.values()
+        print(f"{(d_cpu - o_cpu) / args.wait * 100:.1f}% of a core saved while the task waits")
+        provision = "playbooks/provision.yml"
         if args.rerun:
-            print("changed=0 rerun of provision.yml (inventory/testbed, CT 100):")
-            play = "playbooks/provision.yml"
-            results, med = alternate(list(sides), args.rounds, lambda s: run(configs[sides[s]], play))
-            (d_cpu, d_wall), (o_cpu, o_wall) = (med[s] for s in sides)
-            print(f"ratio: CPU {d_cpu / o_cpu:.2f}x, wall {d_wall / o_wall:.2f}x")
-            if args.json:
-                save(args.json.with_suffix(".rerun.json"), results, med)
+            title = "changed=0 rerun of provision.yml (inventory/testbed, CT 100)"
+            compare(title, sides, args.rounds, lambda c: run(c, provision), json_out(".rerun.json"))
         if args.first:
-            print("first provision of CT 100 (destroyed before each):")
             destroy = ("playbooks/destroy.yml", "-e", "mlstack_destroy_confirm=true")
 
-            def first(side: str) -> tuple[float, float]:
+            def first(c: Path) -> Figure:
                 run(CFG, *destroy)
-                return run(configs[sides[side]], "playbooks/provision.yml")
+                return run(c, provision)
 
-            results, med = alternate(list(sides), args.rounds, first)
-            (d_cpu, d_wall), (o_cpu, o_wall) = (med[s] for s in sides)
-            print(f"ratio: CPU {d_cpu / o_cpu:.2f}x, wall {d_wall / o_wall:.2f}x")
-            if args.json:
-                save(args.json.with_suffix(".first.json"), results, med)
+            compare(
+                "first provision of CT 100 (destroyed before each)",
+                sides,
+                args.rounds,
+                first,
+                json_out(".first.json"),
+            )
     return 0
 
 

@@ -5,11 +5,10 @@ one holds for the other."""
 from __future__ import annotations
 
 import configparser
-from pathlib import Path
 
 import yaml
+from localplay import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 # What each forked worker and the main process spend per task (plugins/callback/worker_gc.py,
 # bench/poll_bench.py).
 SETTINGS = ("callbacks_enabled", "internal_poll_interval")

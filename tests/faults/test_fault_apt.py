@@ -27,6 +27,8 @@ print('locked', flush=True)
 sys.stdin.read()
 """
 EXTRA_PACKAGE = "tree"
+# The toolchain role's bounds file (DPkg::Lock::Timeout), which a run with another bound rewrites.
+BOUNDS = "/etc/apt/apt.conf.d/80mlstack-bounds"
 
 
 class LockHolder:
@@ -49,13 +51,23 @@ class LockHolder:
         self.released_at = self.released_at or time.time()
 
 
+def other_apt(vmid: int) -> str:
+    """apt, dpkg or unattended-upgrades running in the container (a timer's run), one per line."""
+    return ct_sh(vmid, "pgrep -a -x 'apt|apt-get|dpkg|unattended-upgr|aptitude' || true").stdout.strip()
+
+
 @pytest.fixture
 def apt_lock(shared_ct: dict[str, Any]) -> Iterator[Any]:
+    """hold() -> a LockHolder, once no other apt or dpkg runs in the shared CT (the holder must be the only
+    one the run meets). The CT is left as found: the extra package removed, and apt's bounds file (a failed
+    step would leave the short bound in it) put back."""
     vmid = int(shared_ct["vmid"])
     ct_sh(vmid, f"apt-get remove -y -q {EXTRA_PACKAGE} >/dev/null 2>&1 || true")
+    ct_sh(vmid, f"cp -p {BOUNDS} {BOUNDS}.before-test")
     holders: list[LockHolder] = []
 
     def hold() -> LockHolder:
+        assert wait_for(lambda: not other_apt(vmid), 300), f"apt busy in CT {vmid}: {other_apt(vmid)}"
         holders.append(LockHolder(vmid))
         return holders[-1]
 
@@ -63,6 +75,7 @@ def apt_lock(shared_ct: dict[str, Any]) -> Iterator[Any]:
     for h in holders:
         h.release()
     ct_sh(vmid, f"apt-get remove -y -q {EXTRA_PACKAGE} >/dev/null 2>&1 || true")
+    ct_sh(vmid, f"mv {BOUNDS}.before-test {BOUNDS}")
 
 
 def packages_plus_one() -> list[str]:
@@ -84,10 +97,12 @@ def test_apt_lock_held_by_another_process(runner: Any, shared_ct: dict[str, Any]
     t0 = time.monotonic()
     held = runner("provision.yml", [shared_ct], toolchain_apt_lock_timeout=10, **extra)
     text = one_line(held.output)
-    assert held.rc != 0
-    assert "waited 10 s for the dpkg lock and gave up" in text, held.output[-4000:]
-    assert "Could not get lock /var/lib/dpkg/lock-frontend" in text
-    assert "python3" in text, "the holder is named"
+    # apt's own result and the role's message, whole, for any assertion below that fails.
+    apt_said = held.output[held.output.find("TASK [toolchain : Install the compiler toolchain") :][-8000:]
+    assert held.rc != 0, apt_said
+    assert "waited 10 s for the dpkg lock and gave up" in text, apt_said
+    assert "Could not get lock /var/lib/dpkg/lock-frontend" in text, apt_said
+    assert "python3" in text, "the holder is named: " + apt_said
     retried = [ln for ln in held.output.splitlines() if "RETRYING" in ln and "compiler toolchain" in ln]
     assert retried == [], "a lock timeout is the bound: not retried"
     assert time.monotonic() - t0 < 600

@@ -29,6 +29,8 @@ sys.stdin.read()
 EXTRA_PACKAGE = "tree"
 # The toolchain role's bounds file (DPkg::Lock::Timeout), which a run with another bound rewrites.
 BOUNDS = "/etc/apt/apt.conf.d/80mlstack-bounds"
+# Its copy while the test runs: outside apt.conf.d, where apt would read it (or print that it ignores it).
+BOUNDS_KEPT = "/root/80mlstack-bounds.before-test"
 
 
 class LockHolder:
@@ -63,7 +65,7 @@ def apt_lock(shared_ct: dict[str, Any]) -> Iterator[Any]:
     step would leave the short bound in it) put back."""
     vmid = int(shared_ct["vmid"])
     ct_sh(vmid, f"apt-get remove -y -q {EXTRA_PACKAGE} >/dev/null 2>&1 || true")
-    ct_sh(vmid, f"cp -p {BOUNDS} {BOUNDS}.before-test")
+    ct_sh(vmid, f"cp -p {BOUNDS} {BOUNDS_KEPT}")
     holders: list[LockHolder] = []
 
     def hold() -> LockHolder:
@@ -75,7 +77,7 @@ def apt_lock(shared_ct: dict[str, Any]) -> Iterator[Any]:
     for h in holders:
         h.release()
     ct_sh(vmid, f"apt-get remove -y -q {EXTRA_PACKAGE} >/dev/null 2>&1 || true")
-    ct_sh(vmid, f"mv {BOUNDS}.before-test {BOUNDS}")
+    ct_sh(vmid, f"mv {BOUNDS_KEPT} {BOUNDS}")
 
 
 def packages_plus_one() -> list[str]:

@@ -99,8 +99,10 @@ def test_apt_lock_held_by_another_process(runner: Any, shared_ct: dict[str, Any]
     t0 = time.monotonic()
     held = runner("provision.yml", [shared_ct], toolchain_apt_lock_timeout=10, **extra)
     text = one_line(held.output)
-    # apt's own result and the role's message, whole, for any assertion below that fails.
-    apt_said = held.output[held.output.find("TASK [toolchain : Install the compiler toolchain") :][-8000:]
+    # apt's own result and the role's message, whole, for any assertion below that fails (the run's end
+    # where it never got to apt).
+    apt_task = held.output.find("TASK [toolchain : Install the compiler toolchain")
+    apt_said = held.output[max(apt_task, 0) :][-8000:]
     assert held.rc != 0, apt_said
     assert "waited 10 s for the dpkg lock and gave up" in text, apt_said
     assert "Could not get lock /var/lib/dpkg/lock-frontend" in text, apt_said

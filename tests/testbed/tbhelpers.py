@@ -1,7 +1,10 @@
 """Helpers for the testbed tests: real commands against the real parts, bounded in time."""
 
+import contextlib
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,27 @@ def wait_ok(api: Any, testbed: client.Testbed, upid: str, timeout: float = 180) 
     status = client.wait_task(api, testbed.node, upid, timeout)
     assert status["exitstatus"] == "OK", client.task_log(api, testbed.node, upid)
     return status
+
+
+def wait_takes_halt(vmid: int, timeout: float = 120) -> None:
+    """Wait until the container's init takes a halt signal (SIGPWR caught or blocked, as systemd does once
+    it runs). Sent before that, the kernel drops it for a namespace's init and a shutdown times out, in PVE
+    too: a shutdown right after a start is the test's race, not the shutdown's fault."""
+    bit = 1 << (signal.SIGPWR - 1)
+    deadline = time.monotonic() + timeout
+    while True:
+        pid = realct.state(vmid)[1]
+        masks = {}
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    key, _, value = line.partition(":")
+                    if key in ("SigBlk", "SigCgt"):
+                        masks[key] = int(value, 16)
+        if any(mask & bit for mask in masks.values()):  # SigBlk: systemd reads it from a signalfd
+            return
+        assert time.monotonic() < deadline, f"CT {vmid}'s init (pid {pid}) took no SIGPWR in {timeout} s"
+        time.sleep(0.1)
 
 
 def remove_ct(api: Any, testbed: client.Testbed, vmid: int) -> None:

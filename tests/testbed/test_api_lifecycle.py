@@ -9,7 +9,7 @@ from typing import Any
 from mlstack_testbed import client
 from mlstack_testbed.lxc import realct
 from proxmoxer.core import ResourceException
-from tbhelpers import attach, run, wait_ok
+from tbhelpers import attach, run, wait_ok, wait_takes_halt
 
 
 def test_ct_is_running_in_lxc(ct900: dict[str, Any]) -> None:
@@ -108,6 +108,7 @@ def test_shutdown_is_clean(api: Any, testbed: client.Testbed, cleanup: Any) -> N
         lxc.post(vmid=vmid, ostemplate=testbed.template, storage=testbed.storage, start=1, unprivileged=1),
     )
     assert realct.state(vmid)[0] == "running"
+    wait_takes_halt(vmid)
     wait_ok(api, testbed, lxc(vmid).status.shutdown.post(timeout=30))
     assert realct.state(vmid)[0] == "stopped"
     assert lxc(vmid).status.current.get()["status"] == "stopped"

@@ -278,8 +278,28 @@ def test_another_daily_tier_replaces_the_old_units(first_run: PlaybookRun, run_p
 
 
 def test_opting_out_removes_the_runs(first_run: PlaybookRun, run_playbook_module: Any) -> None:
-    off = run_playbook_module("provision.yml", [container(VMID, mlstack_monitor=False)])
-    assert off.rc == 0, off.output[-4000:]
+    # A daily run under way as the runs are removed (here waiting for the lock another run holds, as it
+    # would behind a fast run): it is stopped with its units, so it cannot write the metrics afterwards.
+    daily = next(
+        u
+        for u in ok("ls /etc/systemd/system").split()
+        if u.startswith("mlstack-doctor-") and u.endswith(".service") and "-fast." not in u
+    )
+    ok(f"systemd-run --unit=lock-holder-optout --quiet flock {LOCK} sleep 600")
+    try:
+        ok(f"systemctl start --no-block {daily}")
+        for _ in range(100):
+            if sh(f"systemctl is-active {daily}").stdout.strip() == "activating":
+                break
+            time.sleep(0.1)
+        assert sh(f"systemctl is-active {daily}").stdout.strip() == "activating"
+        off = run_playbook_module("provision.yml", [container(VMID, mlstack_monitor=False)])
+        assert off.rc == 0, off.output[-4000:]
+        assert sh(f"systemctl is-active {daily}").stdout.strip() not in ("active", "activating"), (
+            f"{daily} still runs after the runs were removed"
+        )
+    finally:
+        sh("systemctl stop lock-holder-optout")
     assert not ok("systemctl list-timers --all --no-pager --no-legend 'mlstack-doctor-*'").strip()
     left = ok(
         f"ls /etc/systemd/system/mlstack-doctor-* /usr/local/sbin/mlstack-doctor-monitor {PROM} 2>&1 || true"

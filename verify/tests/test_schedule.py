@@ -24,12 +24,14 @@ class FakeSystemd:
         self.enabled: set[str] = set()
         self.active: set[str] = set()
         self.calls: list[tuple[str, ...]] = []
+        # Units whose files systemd never loaded (written by hand, no daemon-reload).
+        self.unloaded: set[str] = set()
 
     def __call__(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
         args = tuple(args)
         self.calls.append(args)
         verb, units = args[0], [a for a in args[1:] if not a.startswith("--")]
-        rc, out = 0, ""
+        rc, out, err = 0, "", ""
         if verb == "show":
             out = "\n\n".join(
                 f"Id={u}\nUnitFileState={'enabled' if u in self.enabled else 'disabled'}\n"
@@ -40,11 +42,18 @@ class FakeSystemd:
             self.enabled.update(units)
         elif verb in ("start", "restart"):
             self.active.update(units)
+        elif verb == "stop":
+            if self.unloaded & set(units):
+                rc, err = (
+                    5,
+                    f"Failed to stop {' '.join(units)}: Unit {min(self.unloaded & set(units))} not loaded.",
+                )
+            self.active.difference_update(units)
         elif verb == "disable":
             self.enabled.difference_update(units)
             if "--now" in args:
                 self.active.difference_update(units)
-        return subprocess.CompletedProcess(args, rc, out, "")
+        return subprocess.CompletedProcess(args, rc, out, err)
 
     def verbs(self) -> list[str]:
         return [" ".join(c) for c in self.calls if c[0] != "show"]
@@ -144,6 +153,40 @@ def test_remove_takes_everything_away_then_has_nothing_to_do(tmp_path: Path, sys
     assert [p.name for p in (tmp_path / "metrics").iterdir()] == ["doctor-fast.json"]  # reports stay
     assert len(done) == 6
     assert schedule.remove(spec, systemd) == []
+
+
+def test_a_run_under_way_is_stopped_before_the_metrics_go(tmp_path: Path, systemd: FakeSystemd) -> None:
+    spec = schedule.parse_spec(raw_spec(tmp_path))
+    schedule.apply(spec, systemd)
+    systemd.active.add("mlstack-doctor-quick.service")  # a daily run its timer started
+    schedule.remove(spec, systemd)
+    verbs = systemd.verbs()
+    stop = "stop mlstack-doctor-fast.service mlstack-doctor-quick.service"
+    assert stop in verbs and verbs.index(stop) > verbs.index(
+        "disable --now mlstack-doctor-fast.timer mlstack-doctor-quick.timer"
+    )
+    assert not systemd.active
+
+
+def test_a_unit_systemd_never_loaded_is_removed_all_the_same(tmp_path: Path, systemd: FakeSystemd) -> None:
+    spec = schedule.parse_spec(raw_spec(tmp_path))
+    schedule.apply(spec, systemd)
+    (tmp_path / "units/mlstack-doctor-old.service").write_text("[Service]\n")
+    systemd.unloaded.add("mlstack-doctor-old.service")
+    done = schedule.remove(spec, systemd)
+    assert f"removed {tmp_path / 'units/mlstack-doctor-old.service'}" in done
+    assert list((tmp_path / "units").iterdir()) == []
+    # Any other failure to stop still fails the removal.
+    schedule.apply(spec, systemd)
+    systemd.unloaded.clear()
+
+    def refusing(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        if args[0] == "stop":
+            return subprocess.CompletedProcess(args, 1, "", "Access denied")
+        return systemd(args)
+
+    with pytest.raises(RuntimeError, match=r"systemctl stop .* failed \(exit 1\): Access denied"):
+        schedule.remove(spec, refusing)
 
 
 def test_the_script_carries_its_settings_quoted(tmp_path: Path) -> None:

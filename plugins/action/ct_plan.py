@@ -32,9 +32,7 @@ class ActionModule(ActionBase):
         except (KeyError, TypeError, ValueError) as e:
             raise AnsibleActionFail(f"vmid must be an integer: {e}") from e
         if not isinstance(guests, list) or not isinstance(options, dict):
-            raise AnsibleActionFail(
-                "guests must be a list (proxmox_vm_info's proxmox_vms) and options a dict"
-            )
+            raise AnsibleActionFail("guests must be a list (pve_guests' proxmox_vms) and options a dict")
         if not isinstance(entry, dict) or not isinstance(node, dict):
             raise AnsibleActionFail("entry (the inventory's container) and node must be dicts")
         allow_restart = boolean(args.get("allow_restart", False))

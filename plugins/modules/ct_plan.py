@@ -7,8 +7,8 @@ DOCUMENTATION = r"""
 module: ct_plan
 short_description: Say which steps a PVE container needs and what would change in it, from guests already read
 description:
-  - Runs on the controller only, from what C(community.proxmox.proxmox_vm_info) returned with C(config=current)
-    (and C(config=pending)) - no API call, nothing on the node. Changes nothing.
+  - Runs on the controller only, from what M(mlstack.pve.pve_guests) returned (C(proxmox_vms) with their current
+    configs, and C(pending)) - no API call, nothing on the node. Changes nothing.
   - A container that is not among O(guests) needs every step. One that is needs configuring when its devN/mpN
     keys differ from O(options) (extra managed keys counting as a difference), or a setting its inventory
     entry states differs (cores, memory_mb, swap_mb, hostname, onboot, description, tags, net0's bridge, the
@@ -23,7 +23,7 @@ options:
     elements: dict
     required: true
   pending:
-    description: The same guests read with C(config=pending); unset or empty where none runs.
+    description: The running ones among those guests with PVE's pending changes applied; empty where none runs.
     type: list
     elements: dict
     default: []
@@ -59,7 +59,7 @@ EXAMPLES = r"""
 - name: Compare container 120 with what the API read
   mlstack.pve.ct_plan:
     guests: "{{ _guests.proxmox_vms }}"
-    pending: "{{ _pending.proxmox_vms }}"
+    pending: "{{ _guests.pending }}"
     vmid: 120
     options: {dev0: "/dev/nvidia0,gid=44,mode=0666"}
     entry: {vmid: 120, hostname: ml-120, cores: 4, memory_mb: 8192}

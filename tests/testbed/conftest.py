@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "testbed"))
 
 from mlstack_testbed import client  # noqa: E402
-from tbhelpers import remove_ct, wait_ok  # noqa: E402
+from tbhelpers import VENV_BIN, remove_ct, wait_ok  # noqa: E402
 
 TESTBED = REPO / "testbed" / "testbed"
 SHARE = Path("/var/tmp/mlstack-testbed-tests/share")
@@ -34,6 +34,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def api(testbed: client.Testbed) -> Any:
     return testbed.proxmox()
+
+
+@pytest.fixture(scope="module")
+def ansible_env(tmp_path_factory: pytest.TempPathFactory, testbed: client.Testbed) -> dict[str, str]:
+    """A minimal ansible.cfg of the test's own (host key checking on) and TLS verified with the testbed CA."""
+    home = tmp_path_factory.mktemp("ansible")
+    cfg = home / "ansible.cfg"
+    cfg.write_text(
+        "[defaults]\nhost_key_checking = True\nretry_files_enabled = False\n"
+        "interpreter_python = auto_silent\n"
+    )
+    return {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(cfg),
+        "ANSIBLE_STDOUT_CALLBACK": "json",
+        "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
+        "REQUESTS_CA_BUNDLE": testbed.api_ca_file,
+        # This checkout as the collection mlstack.pve (make venv links it there).
+        "ANSIBLE_COLLECTIONS_PATH": str(VENV_BIN.parent / "collections"),
+        "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
+    }
 
 
 @pytest.fixture

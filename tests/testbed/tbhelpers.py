@@ -1,6 +1,7 @@
 """Helpers for the testbed tests: real commands against the real parts, bounded in time."""
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -9,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+# The venv the tests run in: its ansible-playbook, and the collections path that `make venv` links.
+VENV_BIN = Path(sys.executable).parent
 if str(REPO / "testbed") not in sys.path:
     sys.path.insert(0, str(REPO / "testbed"))
 
@@ -61,6 +64,27 @@ def remove_ct(api: Any, testbed: client.Testbed, vmid: int) -> None:
 
 def run(argv: list[str], timeout: float = 60, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
+
+
+def playbook(
+    env: dict[str, str], tmp: Path, inventory: str, plays: str, timeout: float = 300
+) -> dict[str, Any]:
+    """ansible-playbook with the json callback (env: the ansible_env fixture); its parsed output."""
+    (tmp / "hosts.yml").write_text(inventory)
+    (tmp / "play.yml").write_text(plays)
+    r = run(
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(tmp / "hosts.yml"), str(tmp / "play.yml")],
+        timeout=timeout,
+        env=env,
+    )
+    assert r.stdout.startswith("{"), r.stdout + r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+def results(out: dict[str, Any], host: str) -> list[dict[str, Any]]:
+    """Each task's result for `host`, in order."""
+    return [t["hosts"][host] for play in out["plays"] for t in play["tasks"] if host in t["hosts"]]
 
 
 def attach(vmid: int, script: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -3,7 +3,6 @@ two container connections (mlstack.pve.pct_ssh, community.proxmox.proxmox_pct_re
 testbed's sshd and pct."""
 
 import json
-import os
 import sys
 import uuid
 from pathlib import Path
@@ -12,50 +11,7 @@ from typing import Any
 import pytest
 from mlstack_testbed import client
 from mlstack_testbed.lxc import realct
-from tbhelpers import attach, run
-
-VENV_BIN = Path(sys.executable).parent
-
-
-@pytest.fixture(scope="module")
-def ansible_env(tmp_path_factory: pytest.TempPathFactory, testbed: client.Testbed) -> dict[str, str]:
-    """A minimal ansible.cfg of the test's own (host key checking on) and TLS verified with the testbed CA."""
-    home = tmp_path_factory.mktemp("ansible")
-    cfg = home / "ansible.cfg"
-    cfg.write_text(
-        "[defaults]\nhost_key_checking = True\nretry_files_enabled = False\n"
-        "interpreter_python = auto_silent\n"
-    )
-    return {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(cfg),
-        "ANSIBLE_STDOUT_CALLBACK": "json",
-        "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
-        "REQUESTS_CA_BUNDLE": testbed.api_ca_file,
-        # This checkout as the collection mlstack.pve (make venv links it there).
-        "ANSIBLE_COLLECTIONS_PATH": str(VENV_BIN.parent / "collections"),
-        "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
-    }
-
-
-def playbook(
-    env: dict[str, str], tmp: Path, inventory: str, plays: str, timeout: float = 300
-) -> dict[str, Any]:
-    (tmp / "hosts.yml").write_text(inventory)
-    (tmp / "play.yml").write_text(plays)
-    r = run(
-        [str(VENV_BIN / "ansible-playbook"), "-i", str(tmp / "hosts.yml"), str(tmp / "play.yml")],
-        timeout=timeout,
-        env=env,
-    )
-    assert r.stdout.startswith("{"), r.stdout + r.stderr
-    out: dict[str, Any] = json.loads(r.stdout)
-    return out
-
-
-def results(out: dict[str, Any], host: str) -> list[dict[str, Any]]:
-    return [t["hosts"][host] for play in out["plays"] for t in play["tasks"] if host in t["hosts"]]
-
+from tbhelpers import attach, playbook, results, run
 
 PCT_SSH, PCT_REMOTE = "mlstack.pve.pct_ssh", "community.proxmox.proxmox_pct_remote"
 

@@ -261,7 +261,7 @@ def test_a_403s_body_is_pves(own: OwnApi, testbed: client.Testbed) -> None:
             lambda n: n.storage(paths.STORAGE).content.get(),
             f"Permission check failed (/storage/{paths.STORAGE}, Datastore.Audit|Datastore.AllocateSpace)",
         ),
-        # proxmox_vm_info's config and pending reads, the LXC module's status read.
+        # pve_guests' config and pending reads, the LXC module's status read.
         (
             "VM.Audit",
             lambda n: n.lxc(RECORD).config.get(),

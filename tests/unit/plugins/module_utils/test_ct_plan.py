@@ -1,6 +1,6 @@
 """mlstack.pve.ct_plan: which of create, configure and start a container needs, from guests as
-community.proxmox.proxmox_vm_info (config=current) returns them. A wrong "nothing to do" would leave a
-container unconfigured or stopped on a rerun, so each step is checked both ways."""
+mlstack.pve.pve_guests returns them (proxmox_vms, with their current configs). A wrong "nothing to do"
+would leave a container unconfigured or stopped on a rerun, so each step is checked both ways."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ WANTED = {
 
 
 def guest(vmid: int = 195, status: str = "running", **config: str) -> dict[str, Any]:
-    """A guest as proxmox_vm_info lists it; its config is WANTED unless given."""
+    """A guest as pve_guests lists it; its config is WANTED unless given."""
     base = {"hostname": "ct195", "tags": "mlstack", "net0": "name=eth0,bridge=vmbr0,ip=dhcp", "digest": "x"}
     return {
         "vmid": vmid,

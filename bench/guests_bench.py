@@ -29,20 +29,15 @@ sys.path.insert(0, str(REPO / "testbed"))
 sys.path.insert(0, str(REPO / "tests" / "testbed"))
 
 from mlstack_testbed import client  # noqa: E402
-from tbhelpers import remove_ct, wait_ok  # noqa: E402
+from proxmoxer.core import ResourceException  # noqa: E402
+from tbhelpers import LOCAL_INVENTORY, api_args, remove_ct, wait_ok  # noqa: E402
 
 FIRST_VMID = 800
 OURS = 100
 
 
 def plays(testbed: client.Testbed, side: str) -> str:
-    auth = {
-        "api_host": testbed.api_host,
-        "api_port": testbed.api_port,
-        "api_user": testbed.api_user,
-        "api_password": testbed.api_password,
-        "validate_certs": True,
-    }
+    auth = api_args(testbed)
     if side == "proxmox_vm_info x2":
         tasks = [
             {"community.proxmox.proxmox_vm_info": {**auth, "config": config}, "no_log": True}
@@ -67,22 +62,14 @@ def main() -> None:
     testbed = client.load()
     api = testbed.proxmox()
     lxc = api.nodes(testbed.node).lxc
-    assert lxc(OURS).status.current.get()["status"] == "running", "CT 100 must run: make provision"
+    try:
+        running = lxc(OURS).status.current.get()["status"] == "running"
+    except ResourceException:
+        running = False
+    if not running:
+        sys.exit(f"CT {OURS} of inventory/testbed must run: make provision")
     work = Path(tempfile.mkdtemp(prefix="mlstack-guests-bench-"))
-    (work / "hosts.json").write_text(
-        json.dumps(
-            {
-                "all": {
-                    "hosts": {
-                        "localhost": {
-                            "ansible_connection": "local",
-                            "ansible_python_interpreter": sys.executable,
-                        }
-                    }
-                }
-            }
-        )
-    )
+    (work / "hosts.json").write_text(LOCAL_INVENTORY)
     env_cfg = work / "ansible.cfg"
     env_cfg.write_text(
         f"[defaults]\ncollections_path = {REPO / '.venv' / 'collections'}\nretry_files_enabled = False\n"

@@ -66,6 +66,22 @@ def run(argv: list[str], timeout: float = 60, **kwargs: Any) -> subprocess.Compl
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
 
 
+def api_args(testbed: client.Testbed) -> dict[str, Any]:
+    """community.proxmox's connection options for the testbed's API: its password login, TLS checked."""
+    return {
+        "api_host": testbed.api_host,
+        "api_port": testbed.api_port,
+        "api_user": testbed.api_user,
+        "api_password": testbed.api_password,
+        "validate_certs": True,
+    }
+
+
+# An inventory of localhost alone, its modules run by this venv's python (proxmoxer is there).
+_LOCALHOST = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+LOCAL_INVENTORY = json.dumps({"all": {"hosts": {"localhost": _LOCALHOST}}})
+
+
 def playbook(
     env: dict[str, str], tmp: Path, inventory: str, plays: str, timeout: float = 300
 ) -> dict[str, Any]:

@@ -3,7 +3,6 @@ two container connections (mlstack.pve.pct_ssh, community.proxmox.proxmox_pct_re
 testbed's sshd and pct."""
 
 import json
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import pytest
 from mlstack_testbed import client
 from mlstack_testbed.lxc import realct
-from tbhelpers import attach, playbook, results, run
+from tbhelpers import LOCAL_INVENTORY, api_args, attach, playbook, results, run
 
 PCT_SSH, PCT_REMOTE = "mlstack.pve.pct_ssh", "community.proxmox.proxmox_pct_remote"
 
@@ -45,11 +44,7 @@ def test_proxmox_module_create_is_idempotent(
     vmid = cleanup(930)
     task = {
         "community.proxmox.proxmox": {
-            "api_host": testbed.api_host,
-            "api_port": testbed.api_port,
-            "api_user": testbed.api_user,
-            "api_password": testbed.api_password,
-            "validate_certs": True,
+            **api_args(testbed),
             "node": testbed.node,
             "vmid": vmid,
             "hostname": f"ans{vmid}",
@@ -64,16 +59,7 @@ def test_proxmox_module_create_is_idempotent(
         "no_log": True,
     }
     plays = json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": [task, task]}])
-    inventory = json.dumps(
-        {
-            "all": {
-                "hosts": {
-                    "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-                }
-            }
-        }
-    )
-    out = playbook(ansible_env, tmp_path, inventory, plays)
+    out = playbook(ansible_env, tmp_path, LOCAL_INVENTORY, plays)
     first, second = results(out, "localhost")
     assert not first.get("failed") and first["changed"] is True, first
     assert not second.get("failed") and second["changed"] is False, second

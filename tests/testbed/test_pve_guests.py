@@ -4,33 +4,23 @@ and the inventory's vmids read further (config, and pending changes where they r
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from mlstack_testbed import client
-from tbhelpers import playbook, results, wait_ok
+from tbhelpers import LOCAL_INVENTORY, api_args, playbook, results, wait_ok
 
 TAGGED, FOREIGN, NAMED = 931, 932, 933
 
 
 def read(testbed: client.Testbed, env: dict[str, str], tmp: Path, **args: Any) -> dict[str, Any]:
     task = {
-        "mlstack.pve.pve_guests": {
-            "api_host": testbed.api_host,
-            "api_port": testbed.api_port,
-            "api_user": testbed.api_user,
-            "api_password": testbed.api_password,
-            "validate_certs": True,
-            **args,
-        },
+        "mlstack.pve.pve_guests": {**api_args(testbed), **args},
         "no_log": False,
         "ignore_errors": True,
     }
     plays = json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": [task]}])
-    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    inventory = json.dumps({"all": {"hosts": {"localhost": local}}})
-    (result,) = results(playbook(env, tmp, inventory, plays), "localhost")
+    (result,) = results(playbook(env, tmp, LOCAL_INVENTORY, plays), "localhost")
     return result
 
 

@@ -107,10 +107,13 @@ def carries(guest: dict[str, Any], tag: str) -> bool:
 class Guests(ProxmoxAnsible):
     """The reads, each refusal failing the module with what was being read and the client's words."""
 
-    def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def call(self, what: str, fn: Any, *args: Any, gone_is_none: bool = False, **kwargs: Any) -> Any:
+        """fn's answer; with gone_is_none, None where PVE says the guest no longer exists."""
         try:
             return fn(*args, **kwargs)
         except Exception as e:  # proxmoxer's ResourceException or requests' errors
+            if gone_is_none and GONE in str(e):
+                return None
             self.module.fail_json(msg=f"Failed to retrieve {what}: {e}")
 
     def config(self, guest: dict[str, Any], current: int) -> dict[str, Any] | None:
@@ -119,13 +122,7 @@ class Guests(ProxmoxAnsible):
             f"the {'config' if current else 'pending changes'} of CT {guest['vmid']} on node {guest['node']}"
         )
         api = self.proxmox_api.nodes(guest["node"]).lxc(guest["vmid"]).config
-        try:
-            return api.get(current=current)
-        except Exception as e:  # a config gone since the listing is told apart from a refusal
-            if GONE in str(e):
-                return None
-            self.module.fail_json(msg=f"Failed to retrieve {what}: {e}")
-        return None
+        return self.call(what, api.get, current=current, gone_is_none=True)
 
 
 def main() -> None:
@@ -161,7 +158,7 @@ def main() -> None:
         for ct in live:
             guest = by_vmid.get(int(ct["vmid"]))
             if guest is not None:
-                guest.update({**ct, "vmid": guest["vmid"]})
+                guest.update(listed({**guest, **ct}))
     pending = []
     for guest in read:
         config = api.config(guest, 1)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lanes_cpu import CpuLedger
+from skips import allowed
 
 REPO = Path(__file__).resolve().parents[1]
 LOGS = REPO / "build" / "test-lanes"
@@ -88,6 +89,9 @@ class Step:
     seconds: float = 0.0
     summary: str = ""
     note: str = ""
+    # Its tests' counts (passed, failed, ...) and skips (node id, reason, the allow-list's why or "").
+    counts: dict[str, int] = field(default_factory=dict)
+    skips: list[tuple[str, str, str]] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -103,6 +107,11 @@ class Step:
     def ledger(self) -> Path:
         """One line per playbook run of its tests (playbook_runner.record_run)."""
         return LOGS / self.name / "runs.jsonl"
+
+    @property
+    def outcomes(self) -> Path:
+        """Its pytest's counts and skips (tests/lanes_collect.py)."""
+        return LOGS / self.name / "outcomes.json"
 
     def runs(self) -> list[dict[str, object]]:
         if not self.ledger.exists():
@@ -323,6 +332,40 @@ SUMMARY = re.compile(
 )
 
 
+SKIPPED = re.compile(r"\b(\d+) skipped\b")
+
+
+def judge_skips(step: Step) -> None:
+    """Its counts and skips from its pytest's own results, each skip judged by the allow-list. A step
+    whose log counts skips that no outcomes file itemises (pytest without the plugin: the ansible-core 2.21
+    controller's) holds them as unjudged, so not allowed."""
+    if step.outcomes.exists():
+        data = json.loads(step.outcomes.read_text())
+        step.skips = []
+        for s in data.pop("skipped"):
+            entry = allowed(s["reason"])
+            step.skips.append((s["nodeid"], s["reason"], entry.why if entry else ""))
+        step.counts = {k: int(v) for k, v in data.items()}
+    elif (m := SKIPPED.search(step.summary)) and int(m.group(1)):
+        step.skips = [(step.name, f"{m.group(1)} skips not itemised (no outcomes file)", "")]
+
+
+def skip_table(steps: list[Step]) -> str:
+    """Per step: passed, failed (and errors), skipped, of which allowed; then every skip with its reason."""
+    rows = ["\nstep                 passed  failed  skipped  allowed"]
+    detail: list[str] = []
+    for s in steps:
+        if not s.counts and not s.skips:
+            continue
+        ok = sum(1 for sk in s.skips if sk[2])
+        failed = s.counts.get("failed", 0) + s.counts.get("errors", 0)
+        rows.append(f"{s.name:<20} {s.counts.get('passed', 0):>6} {failed:>7} {len(s.skips):>8} {ok:>8}")
+        for nodeid, reason, why in s.skips:
+            verdict = f"allowed: {why}" if why else "NOT ALLOWED"
+            detail.append(f"  {s.name}: {nodeid}: {reason}\n      {verdict}")
+    return "\n".join(rows + (["skips (tests/skips.py):", *detail] if detail else ["no skips"]))
+
+
 def cpu_busy_seconds() -> float:
     """CPU seconds the machine has spent busy, all cores (/proc/stat): says whether more lanes can help."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
@@ -352,6 +395,7 @@ class Runner:
         env = dict(os.environ)
         env["MLSTACK_TEST_COLLECTED"] = str(step.collected)
         env["MLSTACK_TEST_RUN_LEDGER"] = str(step.ledger)
+        env["MLSTACK_TEST_OUTCOMES"] = str(step.outcomes)
         if self.lanes > 1 and step.node != "exclusive":
             # tests/conftest.py: only check that the testbed is up, never `up` it or change its GPU model.
             env["MLSTACK_TESTBED_SHARED"] = "1"
@@ -367,7 +411,7 @@ class Runner:
         step.state, step.seconds = "running", time.monotonic()
         argv = command(step, self.extra if step.paths else [], self.lanes)
         (LOGS / step.name).mkdir(parents=True, exist_ok=True)
-        for stale in (step.collected, step.ledger):
+        for stale in (step.collected, step.ledger, step.outcomes):
             stale.unlink(missing_ok=True)
         out = step.log.open("wb")
         out.write(f"$ {shlex.join(argv)}\n".encode())
@@ -390,7 +434,11 @@ class Runner:
         step.state = "passed" if rc == 0 else "failed"
         lines = step.log.read_text(errors="replace").splitlines()
         step.summary = next((m.group(1) for ln in reversed(lines) if (m := SUMMARY.match(ln))), f"exit {rc}")
-        self.say(f"{step.name} {step.state} in {step.seconds:.0f} s: {step.summary}")
+        judge_skips(step)
+        if rc == 0 and (refused := [s for s in step.skips if not s[2]]):
+            step.state = "failed"
+            step.note = f"{len(refused)} skips not allowed (tests/skips.py); {step.summary}"
+        self.say(f"{step.name} {step.state} in {step.seconds:.0f} s: {step.note or step.summary}")
 
     def holder(self, key: int | str) -> str | None:
         """The running step a container's CPU counts to: the one holding its vmid; the ansible-core 2.21
@@ -487,6 +535,7 @@ class Runner:
         )
         self.say(self.cpu_split())
         self.cpu.cleanup(s.name for s in self.steps)
+        print(skip_table(self.steps), flush=True)
         self.say(self.coverage())
         for s in failed:
             if s.rc is not None:

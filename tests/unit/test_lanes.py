@@ -221,3 +221,62 @@ def test_a_testbed_that_does_not_come_up_runs_none_of_the_steps_that_need_it(
     assert [s.state for s in steps] == ["failed", "passed", "failed"]
     assert "needs-it not run: fake-up failed" in out
     assert "testbed: no lxc here" in out
+
+
+SKIPPING_TESTS = """
+import pytest
+
+def test_runs():
+    pass
+
+def test_kept():
+    pytest.skip("CT 100 was there before these tests: kept")
+
+@pytest.mark.skipif(True, reason=REASON)
+def test_other():
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("reason", "state"),
+    [("cannot build the torch test venv", "failed"), ("CT 100 was there before these tests: kept", "passed")],
+    ids=["not-allowed", "allowed"],
+)
+def test_a_step_fails_on_a_skip_the_allow_list_does_not_hold(
+    reason: str,
+    state: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A real pytest run through the runner: its skips are counted from pytest's own results (the
+    lanes_collect plugin), shown in the table at the end, and one not on tests/skips.py fails the step."""
+    monkeypatch.setattr(lanes, "LOGS", tmp_path)
+    monkeypatch.setattr(lanes.Runner, "collect_tree", lambda self: None)
+    (tmp_path / "cgroup").mkdir()
+    monkeypatch.setattr(lanes, "CpuLedger", lambda: lanes_cpu.CpuLedger(tmp_path / "cgroup"))
+    case = tmp_path / "cases" / "test_some_skips.py"
+    case.parent.mkdir()
+    case.write_text(SKIPPING_TESTS.replace("REASON", repr(reason)))
+    argv = (*lanes.PYTEST, "-p", "no:cacheprovider", "--rootdir", str(case.parent), str(case))
+    step = lanes.Step("skipping", argv=argv, node="none", isolated=False, testbed=False)
+    rc = lanes.Runner([step], [], 1).run()
+    out = capsys.readouterr().out
+    assert step.counts["passed"] == 1 and len(step.skips) == 2, (step.counts, step.skips)
+    assert (step.state, rc) == (state, 1 if state == "failed" else 0), out
+    table = out[out.index("step                 passed") :]
+    row = next(line for line in table.splitlines() if line.startswith("skipping "))
+    assert row.split()[1:] == ["1", "0", "2", "2" if state == "passed" else "1"], row
+    assert f"test_some_skips.py::test_other: {reason}" in out
+    assert ("NOT ALLOWED" in out) == (state == "failed"), out
+
+
+def test_skips_a_log_counts_but_no_outcomes_file_itemises_are_not_allowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lanes, "LOGS", tmp_path)  # no outcomes file there
+    step = lanes.Step("core221-lifecycle", argv=("true",))
+    step.summary = "12 passed, 2 skipped in 80.31s (0:01:20)"
+    lanes.judge_skips(step)
+    assert step.skips == [("core221-lifecycle", "2 skips not itemised (no outcomes file)", "")]

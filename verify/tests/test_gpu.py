@@ -40,8 +40,6 @@ def test_gpu_stages_pass() -> None:
 
 @requires_gpu
 def test_cuda_hidden() -> None:
-    import os
-
     from doctor_testlib import doctor_env
 
     run = run_doctor(
@@ -49,5 +47,9 @@ def test_cuda_hidden() -> None:
         "nvidia_device_nodes,nvidia_driver,cuda_visible_devices",
         env=doctor_env({"CUDA_VISIBLE_DEVICES": ""}),
     )
-    assert run.probe("cuda_visible_devices")["code"] == "CUDA_HIDDEN"
-    assert os.environ.get("CUDA_VISIBLE_DEVICES") != ""
+    p = run.probe("cuda_visible_devices")
+    # What the doctor read is the value it was given (not this test's own environment), and it is the cause.
+    assert p["code"] == "CUDA_HIDDEN" and p["evidence"]["CUDA_VISIBLE_DEVICES"] == "", p
+    assert run.root and (run.root["probe"], run.root["code"]) == ("cuda_visible_devices", "CUDA_HIDDEN"), (
+        run.root
+    )

@@ -1,4 +1,4 @@
-"""testbed up | status [--json] | down [--purge]: one command for the stand-in PVE node."""
+"""testbed up | status [--json] | down [--purge] | reboot NODE: one command for the stand-in PVE node."""
 
 import argparse
 import json
@@ -14,7 +14,7 @@ from typing import Any
 
 from . import controller, paths
 from .lxc import realct, rootfs
-from .node import daemons, disk, gpu, host_setup, nodes, nvdriver, nvsmi, sshd
+from .node import daemons, disk, gpu, host_setup, nodes, nvdriver, nvsmi, reboot, sshd
 from .proc import report_up, say
 
 API_MARKER = "mlstack_testbed.node.api"
@@ -412,6 +412,10 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reboot(args: argparse.Namespace) -> int:
+    return reboot.reboot(args.node, args.all_gpu_nodes, args.module_missing)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="testbed", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -451,12 +455,33 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--json", action="store_true")
     down = sub.add_parser("down", help="stop what the testbed started (by PID)")
     down.add_argument("--purge", action="store_true", help="also destroy its containers, template and state")
+    rb = sub.add_parser(
+        "reboot",
+        help="reboot a node as its containers see it: stopped, uvm nodes gone, boot units, onboot started",
+    )
+    rb.add_argument("node", metavar="NODE", help="the node: testbed, testbed2, ...")
+    rb.add_argument(
+        "--all-gpu-nodes",
+        action="store_true",
+        help="also remove /dev/nvidiaN and nvidiactl (a driver install without udev rules)",
+    )
+    rb.add_argument(
+        "--module-missing",
+        action="store_true",
+        help="the node's NVIDIA kernel module cannot load (its nvidia-modprobe fails) until a plain reboot",
+    )
     ctl = sub.add_parser(
         "controller", help="a second Ansible controller, ansible-core 2.21 (testbed/README.md): up|run|down"
     )
     controller.add_arguments(ctl)
     args = parser.parse_args(argv)
-    commands = {"up": cmd_up, "status": cmd_status, "down": cmd_down, "controller": controller.cmd}
+    commands = {
+        "up": cmd_up,
+        "status": cmd_status,
+        "down": cmd_down,
+        "reboot": cmd_reboot,
+        "controller": controller.cmd,
+    }
     try:
         return commands[args.cmd](args)
     except RuntimeError as e:

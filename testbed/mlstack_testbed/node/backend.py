@@ -4,7 +4,9 @@ fakepve keeps PVE's schema, rules and wording; this subclass adds the real side:
 - create / start / stop / shutdown / reboot / destroy tasks do the same to the real container of that
   vmid (the blocking work runs in a worker thread; a real failure fails the task as PVE words it);
 - config PUT and create refuse a devN path that is not a device node on the host (PVE's check, which
-  fakepve lacks), and rewrite the real LXC config;
+  fakepve lacks), and a hookscript that is not an executable snippet, and rewrite the real LXC config;
+- a start runs the container's hookscript as PVE does (hooks.py): pre-start before lxc-start, a refusal
+  failing the start with the script's output in the task log, post-start after;
 - status and lists read the real state (real state wins whenever no task holds the container);
 - snapshot / rollback / delete-snapshot tasks on a container whose disks are on a snapshot-capable
   storage (fakepve refuses the others with PVE's "snapshot feature is not available") keep a real copy
@@ -30,6 +32,7 @@ from fakepve.server import FakePve
 
 from .. import paths
 from ..lxc import lxcconf, realct
+from . import hooks
 from .access_api import AccessApi
 
 log = logging.getLogger("mlstack_testbed.node.backend")
@@ -137,6 +140,11 @@ class TestbedPve(AccessApi, FakePve):
                     ) from None
                 except lxcconf.PveConfigError as e:
                     raise PveError(500, str(e)) from None
+        if values.get("hookscript"):
+            try:
+                hooks.script_path(str(values["hookscript"]))
+            except hooks.HookError as e:
+                raise PveError(500, str(e)) from None
 
     def _check_vmid_unused(self, vmid: int) -> None:
         super()._check_vmid_unused(vmid)
@@ -242,8 +250,9 @@ class TestbedPve(AccessApi, FakePve):
             await asyncio.to_thread(realct.create_from_template, ct.vmid, tarball, unpriv)
             await asyncio.to_thread(realct.write_config, ct.vmid, dict(ct.config))
             if start:
+                await self._hook(ct, "pre-start", tasklog)
                 await asyncio.to_thread(realct.start, ct.vmid, dict(ct.config))
-        except (realct.RealCtError, lxcconf.PveConfigError, OSError) as e:
+        except (realct.RealCtError, lxcconf.PveConfigError, OSError, hooks.HookError) as e:
             self._drop(ct)
             await asyncio.to_thread(realct.destroy, ct.vmid)
             raise TaskError(f"unable to create CT {ct.vmid} - {e}") from e
@@ -254,13 +263,25 @@ class TestbedPve(AccessApi, FakePve):
         try:
             if not realct.exists(ct.vmid):
                 raise realct.RealCtError(f"no real container {ct.vmid} in {paths.LXC_PATH}")
+            await self._hook(ct, "pre-start", tasklog)
             await asyncio.to_thread(realct.start, ct.vmid, dict(ct.config))
+        except hooks.HookError as e:
+            ct.status, ct.pid = "stopped", None
+            raise TaskError(str(e)) from e
         except (realct.RealCtError, lxcconf.PveConfigError, OSError) as e:
             ct.status, ct.pid = "stopped", None
             tasklog.append(str(e))
             raise TaskError(f"startup for container '{ct.vmid}' failed") from e
         self._reconcile(ct)
+        await self._hook(ct, "post-start", tasklog)
         return note
+
+    async def _hook(self, ct: FakeCt, phase: str, tasklog: list[str]) -> None:
+        """The container's hookscript for `phase`, if it has one (in a worker thread: the script may call
+        this API, as `pct config` does)."""
+        volid = ct.config.get("hookscript")
+        if volid:
+            await asyncio.to_thread(hooks.run_phase, str(volid), ct.vmid, ct.node, phase, tasklog)
 
     async def _real_stop(self, ct: FakeCt, body: Body, tasklog: list[str]) -> Any:
         note = await body()

@@ -122,3 +122,99 @@ def remove_created() -> list[str]:
             pass
     paths.GPU_NODES_FILE.unlink(missing_ok=True)
     return removed
+
+
+# ------------------------------------------------------------------ nvidia-modprobe, as a node runs it
+
+
+def module_missing_marker(node: str) -> Path:
+    """Present while node's NVIDIA kernel module cannot load (`testbed reboot NODE --module-missing`)."""
+    return paths.RUN_DIR / f"nvidia-module-missing.{node}"
+
+
+def _wanted_by_flags(args: list[str]) -> list[str] | None:
+    """The nodes `nvidia-modprobe [-u] [-c N]` makes; None for an option it does not know."""
+    want: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-u", "--unified-memory"):
+            want += ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+        elif a in ("-m", "--modeset", "-s", "--syslog"):
+            pass
+        elif a.split("=", 1)[0] in ("-c", "--create-nvidia-device-file"):
+            value = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+            i += 0 if "=" in a else 1
+            if not value.isdigit():
+                return None
+            want += [f"/dev/nvidia{int(value)}", "/dev/nvidiactl"]
+        else:
+            return None
+        i += 1
+    return want
+
+
+def modprobe_main(argv: list[str] | None = None) -> int:
+    """The node's `nvidia-modprobe`: "loads" the module and makes the nodes asked for, with the numbers
+    the testbed gave them (gpu-nodes.json); a node it never made is one this node's driver lacks (exit 1,
+    silent, as NVIDIA's). While the node's module is missing it fails as modprobe does."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    want = _wanted_by_flags(args)
+    if want is None:
+        print(f"nvidia-modprobe: unrecognized option: {' '.join(args)}", file=sys.stderr)
+        return 1
+    if module_missing_marker(paths.NODE).exists():
+        print(
+            f"modprobe: FATAL: Module nvidia not found in directory /lib/modules/{os.uname().release}",
+            file=sys.stderr,
+        )
+        return 1
+    made = {str(c["path"]): c for c in recorded()["created"]}  # type: ignore[attr-defined]
+    rc = 0
+    for path in want:
+        p = Path(path)
+        if p.exists():
+            continue
+        item = made.get(path)
+        if item is None:
+            rc = 1
+            continue
+        p.parent.mkdir(mode=0o755, exist_ok=True)
+        os.mknod(p, stat.S_IFCHR | 0o666, os.makedev(int(item["major"]), int(item["minor"])))
+        os.chmod(p, 0o666)
+    return rc
+
+
+def remove_for_reboot(all_nodes: bool) -> list[str]:
+    """What a node's reboot takes away: the uvm nodes the testbed made (with `all_nodes`, also
+    /dev/nvidiaN and nvidiactl), as a boot without anything that loads nvidia-uvm leaves /dev. Only nodes
+    still as recorded are removed, so restore_created() puts exactly them back."""
+    removed = []
+    for item in recorded()["created"]:  # type: ignore[attr-defined]
+        path = str(item["path"])
+        if "nvidia-caps" in path or ("uvm" not in path and not all_nodes):
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(item["major"], item["minor"]):
+            os.unlink(path)
+            removed.append(path)
+    return removed
+
+
+def restore_created() -> list[str]:
+    """Make again every node the testbed made that is gone, with its recorded numbers and mode 0666."""
+    made = []
+    for item in recorded()["created"]:  # type: ignore[attr-defined]
+        p = Path(str(item["path"]))
+        if p.exists():
+            continue
+        p.parent.mkdir(mode=0o755, exist_ok=True)
+        os.mknod(p, stat.S_IFCHR | 0o666, os.makedev(int(item["major"]), int(item["minor"])))
+        os.chmod(p, 0o666)
+        made.append(str(p))
+    return made

@@ -1,7 +1,7 @@
 """One real sshd per node (node 1 on 127.0.0.1:2222, node N on 127.0.0.N) with key-only root login and a
 pinned host key, running in a private mount namespace where /usr/sbin shows the testbed's `pct`,
-`pveversion`, `nvidia-smi` and `pveam`, acting as that node, on top of the machine's own /usr/sbin (a
-read-only overlay: the machine's /usr/sbin is never written)."""
+`pveversion`, `nvidia-smi`, `pveam`, `pvesm` and `nvidia-modprobe`, acting as that node, on top of the
+machine's own /usr/sbin (a read-only overlay: the machine's /usr/sbin is never written)."""
 
 import shlex
 import sys
@@ -83,6 +83,8 @@ def prepare(node: Node) -> bool:
         ("pveversion", "pct", "pveversion_main"),
         ("nvidia-smi", "nvsmi", "main"),
         ("pveam", "pveam", "main"),
+        ("pvesm", "pvesm", "main"),
+        ("nvidia-modprobe", "gpu", "modprobe_main"),
     ):
         script = node.sbin / name
         text = (

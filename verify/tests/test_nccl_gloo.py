@@ -65,15 +65,16 @@ def test_gloo_interface_absent_names_the_variable(torch_venv: Path) -> None:
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
 def test_tiny_dev_shm_is_the_root_cause(torch_venv: Path) -> None:
     """A 4 MiB tmpfs over /dev/shm, in a mount namespace of the doctor's own (the machine's stays)."""
-    script = (
-        f"mount -t tmpfs -o size=4m tmpfs /dev/shm && exec {torch_venv} -m mlstack_doctor --json --quiet "
-        + " ".join(GLOO)
-    )
+    mount = "mount -t tmpfs -o size=4m tmpfs /dev/shm"
+    # The namespace on its own first: whether this machine can make it is no question for the doctor.
+    can = subprocess.run(["unshare", "-m", "sh", "-c", mount], capture_output=True, text=True, timeout=30)
+    if can.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a new mount namespace here: {can.stderr[-300:]}")
+    script = f"{mount} && exec {torch_venv} -m mlstack_doctor --json --quiet " + " ".join(GLOO)
     proc = subprocess.run(
         ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=doctor_env(), timeout=180
     )
-    if proc.returncode not in (0, 1):
-        pytest.skip(f"cannot mount a tmpfs in a new mount namespace here: {proc.stderr[-300:]}")
+    assert proc.returncode in (0, 1), f"the doctor crashed (exit {proc.returncode}): {proc.stderr[-2000:]}"
     run = DoctorRun(proc.returncode, json.loads(proc.stdout), proc.stdout, proc.stderr)
     assert run.rc == 1 and run.root["code"] == "NCCL_SHM_TOO_SMALL" and run.root["probe"] == "nccl_shm"
     assert "4 MiB free" in run.root["summary"] and "lxc.mount.entry" in run.root["fix"]
@@ -83,18 +84,34 @@ def test_tiny_dev_shm_is_the_root_cause(torch_venv: Path) -> None:
 def test_loopback_down_is_named_at_once(torch_venv: Path) -> None:
     """A network namespace of the doctor's own, whose lo is down (as in a container no init brought up):
     named before any rank starts, instead of the rendezvous retrying for minutes."""
+    can = subprocess.run(["unshare", "-n", "true"], capture_output=True, text=True, timeout=30)
+    if can.returncode != 0:
+        pytest.skip(f"cannot make a network namespace here: {can.stderr[-300:]}")
     script = f"exec {torch_venv} -m mlstack_doctor --json --quiet " + " ".join(GLOO)
     t0 = time.monotonic()
     proc = subprocess.run(
         ["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, env=doctor_env(), timeout=180
     )
     seconds = time.monotonic() - t0
-    if proc.returncode not in (0, 1):
-        pytest.skip(f"cannot make a network namespace here: {proc.stderr[-300:]}")
+    assert proc.returncode in (0, 1), f"the doctor crashed (exit {proc.returncode}): {proc.stderr[-2000:]}"
     run = DoctorRun(proc.returncode, json.loads(proc.stdout), proc.stdout, proc.stderr)
     assert run.rc == 1 and run.root["code"] == "NCCL_LOOPBACK_DOWN", run.root
     assert run.root["probe"] == "nccl_collectives" and "ip link set lo up" in run.root["fix"]
     assert seconds < 60, f"took {seconds:.0f} s: the ranks were started"
+
+
+def _tcp_established(pid: int) -> int:
+    """How many established TCP connections the process holds (its sockets, in /proc/PID/net/tcp*)."""
+    try:
+        inodes = {
+            link[len("socket:[") : -1]
+            for fd in Path(f"/proc/{pid}/fd").iterdir()
+            if (link := os.readlink(fd)).startswith("socket:[")
+        }
+        lines = [ln.split() for name in ("tcp", "tcp6") for ln in (Path(f"/proc/{pid}/net") / name).open()]
+    except OSError:
+        return 0  # ended meanwhile
+    return sum(1 for f in lines[1:] if len(f) > 9 and f[3] == "01" and f[9] in inodes)
 
 
 def _ranks_of(pid: int) -> list[int]:
@@ -128,8 +145,8 @@ def test_stopped_rank_ends_as_a_timeout_verdict(torch_venv: Path) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
             ranks = _ranks_of(proc.pid)
-            if len(ranks) == 2:
-                time.sleep(1.0)
+            # Both joined the process group: each holds its store connection and gloo's to the other rank.
+            if len(ranks) == 2 and all(_tcp_established(r) >= 2 for r in ranks):
                 os.kill(max(ranks), signal.SIGSTOP)
                 stopped.append(max(ranks))
                 return
@@ -143,6 +160,8 @@ def test_stopped_rank_ends_as_a_timeout_verdict(torch_venv: Path) -> None:
     report = json.loads(out)
     coll = next(p for p in report["probes"] if p["name"] == "nccl_collectives")
     assert coll["code"] == "NCCL_TIMEOUT" and coll["evidence"]["hung"], coll
+    # Stopped in a collective, after both had joined the process group (not before the rendezvous).
+    assert coll["evidence"]["joined"] == [0, 1], coll["evidence"]
     assert took < 75, f"the doctor took {took:.0f} s: the rank's timeout did not bound it"
     alive = subprocess.run(["ps", "-p", str(stopped[0])], capture_output=True).returncode == 0
     assert not alive, "the stopped rank outlived the doctor"

@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from doctor_testlib import SRC, doctor_env, run_doctor
@@ -106,10 +107,21 @@ def fake_driver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any
 
 
 def host_probes(**env: str) -> dict[str, Any]:
+    """The driver and CUDA_VISIBLE_DEVICES probes with `env` set for them only (restored after)."""
     ctx = Context(Options())
-    for key, value in env.items():
-        os.environ[key] = value
-    return {r.name: r for r in (host.driver(ctx), host.cuda_visible_devices(ctx))}
+    with mock.patch.dict(os.environ, env):
+        return {r.name: r for r in (host.driver(ctx), host.cuda_visible_devices(ctx))}
+
+
+@pytest.fixture(autouse=True)
+def environment_unchanged() -> Iterator[None]:
+    """No test leaves a variable set for the rest of the session (CUDA_VISIBLE_DEVICES, LD_LIBRARY_PATH and
+    TRITON_LIBCUDA_PATH change what later doctor runs see): checked after every other fixture's teardown."""
+    before = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    yield
+    after = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    assert not changed, {k: (before.get(k), after.get(k)) for k in changed}
 
 
 # --- CUDA_VISIBLE_DEVICES ---------------------------------------------------------------------------

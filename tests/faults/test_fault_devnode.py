@@ -19,11 +19,9 @@ from typing import Any
 
 import pytest
 from faultlib import fault_env, one_line, venv_works
-from playbook_runner import REPO
 from tbhelpers import wait_ok
 
 NODE = "/dev/nvidia1"
-STARTS_WITH_PCT = "mlstack.pve.pct_start" in (REPO / "roles/gpu_container/tasks/container.yml").read_text()
 
 
 class DevNode:
@@ -90,22 +88,22 @@ def test_device_node_removed_before_start(
     assert devices(api, testbed, vmid) == passed_through
 
     # 2. Gone between configuring and starting: PVE's reason, and the fix.
-    if STARTS_WITH_PCT:
-        mark = tmp_path / "fault.mark"
-        # When the start task begins (the config already matches, so nothing else runs between).
-        env = fault_env("Start container", dev_node.remove_command(), mark, when="start")
-        try:
-            late = runner("provision.yml", [shared_ct], env=env, **quick)
-        finally:
-            dev_node.restore()
-        assert mark.exists(), "the fault did not fire"
-        text = one_line(late.output)
-        assert late.rc != 0
-        assert f"CT {vmid} did not start. PVE said:" in text, late.output[-3000:]
-        assert f"Device {NODE} does not exist" in text
-        assert f"The node has no {NODE}" in text
-        assert status(api, testbed, vmid) == "stopped"
-        assert devices(api, testbed, vmid) == passed_through
+    mark = tmp_path / "fault.mark"
+    # When the start task begins (the config already matches, so nothing else runs between).
+    env = fault_env("Start container", dev_node.remove_command(), mark, when="start")
+    try:
+        late = runner("provision.yml", [shared_ct], env=env, **quick)
+    finally:
+        dev_node.restore()
+    # Where the start no longer goes through a task of this name, this phase fails here, never vanishes.
+    assert mark.exists(), "the fault did not fire: no task 'Start container' ran (container.yml's start)"
+    text = one_line(late.output)
+    assert late.rc != 0
+    assert f"CT {vmid} did not start. PVE said:" in text, late.output[-3000:]
+    assert f"Device {NODE} does not exist" in text
+    assert f"The node has no {NODE}" in text
+    assert status(api, testbed, vmid) == "stopped"
+    assert devices(api, testbed, vmid) == passed_through
 
     # 3. Node back: a rerun starts the container and completes; the venv still works.
     again = runner("provision.yml", [shared_ct], **quick)

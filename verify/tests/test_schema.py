@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+import schema_enums
 from doctor_testlib import SCHEMA, validate
 from mlstack_doctor.diagnosis import CODES
 from mlstack_doctor.engine import PROBES
@@ -17,10 +18,15 @@ from mlstack_doctor.engine import PROBES
 H200 = sorted((Path(__file__).parent / "data" / "h200").glob("*.json"))
 
 
-def test_schema_knows_every_code_and_probe() -> None:
+def test_schema_enums_are_the_tables() -> None:
+    """Every enumeration of a code, probe, stage, status or tier is written from its one table (CODES,
+    PROBES, Stage, Status, TIERS) by schema_enums.py; a copy kept by hand fails here."""
+    generated, filled = schema_enums.generate(SCHEMA)
+    assert filled == {"code": 4, "stage": 3, "status": 1, "tier": 1, "probe": 1}
+    assert generated == SCHEMA, "run: PYTHONPATH=verify/src python3 verify/tests/schema_enums.py"
     probe = SCHEMA["$defs"]["probe"]["properties"]
     assert probe["code"]["anyOf"][1]["enum"] == sorted(CODES)
-    assert set(probe["name"]["enum"]) == {p.name for p in PROBES}
+    assert probe["name"]["enum"] == [p.name for p in PROBES]
 
 
 @pytest.mark.parametrize("path", H200, ids=[p.stem for p in H200])

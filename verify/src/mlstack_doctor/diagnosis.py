@@ -219,6 +219,12 @@ CODES: dict[str, Code] = {
         "weight shards named by model.safetensors.index.json are missing from the model folder",
         "huggingface-cli download {repo} {files} --local-dir {model_dir}",
     ),
+    "MODEL_WEIGHTS_MISMATCH": Code(
+        "the checkpoint's tensors do not fit the model config.json builds (a shape differs, a tensor is "
+        "missing or extra): a config.json edited or taken from another model, or shards of another one",
+        "fetch config.json and the weights again from one source: huggingface-cli download {repo} "
+        "--local-dir {model_dir} (evidence.weights_check names each tensor with both shapes)",
+    ),
     "MODEL_WEIGHTS_CORRUPT": Code(
         "a safetensors shard is truncated or damaged: its header promises more bytes than the file holds",
         "huggingface-cli download {repo} {files} --local-dir {model_dir} --force-download",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from mlstack_doctor import config_stamp, runner, warm
+from mlstack_doctor import config_stamp, runner, safetensors_header, warm
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
 from mlstack_doctor.peaks import bf16_peak
@@ -41,47 +42,69 @@ def resolve(spec: str) -> dict[str, Any]:
     return {"config": str(path), "weights_dir": None}
 
 
-def _check_index(weights_dir: str) -> list[str]:
-    """Shards named by model.safetensors.index.json that are absent."""
-    index = Path(weights_dir) / "model.safetensors.index.json"
-    if not index.is_file():
-        return []
-    try:
-        shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return ["model.safetensors.index.json (unreadable)"]
-    return sorted(s for s in shards if not (Path(weights_dir) / s).is_file())
-
-
 def check_safetensors(path: Path) -> str | None:
-    """Why a .safetensors file is damaged, from its header alone (no torch): None when whole.
+    """Why a .safetensors file is damaged, from its header alone (no torch): None when whole."""
+    return safetensors_header.damage(path)
 
-    Layout: 8-byte little-endian header length, a JSON header whose tensors give data_offsets
-    [begin, end) into the bytes that follow it. A download cut short leaves a file shorter than that.
-    """
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                return f"{size} bytes: shorter than the 8-byte header length"
-            n = int.from_bytes(head, "little")
-            if n > size - 8:
-                return f"header says {n} bytes of JSON, the file has {size - 8} after the length"
-            header = json.loads(f.read(n))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return f"header unreadable: {type(exc).__name__}: {exc}"
-    if not isinstance(header, dict):
-        return "header is not a JSON object"
-    ends = [
-        t["data_offsets"][1]
-        for k, t in header.items()
-        if k != "__metadata__" and isinstance(t, dict) and isinstance(t.get("data_offsets"), list)
+
+NO_REPO = "<repo>: the model's Hugging Face repo id; neither config.json nor README.md names it"
+SHOWN = 3  # tensors a summary names per kind; evidence.weights_check holds more and the counts
+
+
+def _bounded(items: list[str], shown: int = 10) -> dict[str, Any]:
+    return {"count": len(items), "first": items[:shown]}
+
+
+def _shape(shape: list[int]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def weights_differ(check: dict[str, Any]) -> str:
+    """What a worker's checkpoint comparison found, for a person: '' when the weights fit the config."""
+    if not check.get("compared"):
+        return ""
+    parts = []
+
+    def more(count: int, shown: int) -> str:
+        return f" and {count - shown} more" if count > shown else ""
+
+    if n := check.get("mismatched_count", 0):
+        rows = check["mismatched"][:SHOWN]
+        named = "; ".join(
+            f"{m['tensor']} is {_shape(m['checkpoint'])} in {m['file']}, "
+            f"the config builds {_shape(m['model'])}"
+            for m in rows
+        )
+        parts.append(f"{n} shape(s) differ: {named}{more(n, len(rows))}")
+    if n := check.get("missing_count", 0):
+        rows = check["missing"][:SHOWN]
+        parts.append(f"{n} tensor(s) the model needs are in no shard: {', '.join(rows)}{more(n, len(rows))}")
+    if n := check.get("unexpected_count", 0):
+        rows = check["unexpected"][:SHOWN]
+        parts.append(f"{n} tensor(s) the model does not have: {', '.join(rows)}{more(n, len(rows))}")
+    if n := check.get("dtype_mismatched_count", 0):
+        rows = check["dtype_mismatched"][:SHOWN]
+        named = "; ".join(f"{m['tensor']} is {m['checkpoint']}, the model holds {m['model']}" for m in rows)
+        parts.append(f"{n} integer tensor(s) where the model holds floats: {named}{more(n, len(rows))}")
+    return "; ".join(parts)
+
+
+# A row of transformers' LOAD REPORT table: `key | STATUS | detail` (MISSING, UNEXPECTED, MISMATCH, ...).
+_REPORT_ROW = re.compile(r"^(\S+)\s*\|\s*([A-Z_]+)\s*\|\s*(.*\S)\s*$")
+
+
+def load_report(stderr: str, shown: int = 20) -> dict[str, Any] | None:
+    """transformers' load report in a worker's stderr: {count, rows: [{tensor, status, detail}]}."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", stderr or "")
+    start = text.rfind("LOAD REPORT")
+    if start < 0:
+        return None
+    rows = [
+        {"tensor": m.group(1), "status": m.group(2), "detail": m.group(3)}
+        for line in text[start:].splitlines()
+        if (m := _REPORT_ROW.match(line.strip())) and m.group(1) != "Key"
     ]
-    need = 8 + n + max(ends, default=0)
-    if need > size:
-        return f"truncated: tensors end at byte {need}, the file has {size}"
-    return None
+    return {"count": len(rows), "rows": rows[:shown]} if rows else None
 
 
 def _repo_id(model_dir: str, raw: dict[str, Any]) -> str | None:
@@ -99,13 +122,20 @@ def _repo_id(model_dir: str, raw: dict[str, Any]) -> str | None:
     return m.group(1) if m else None
 
 
-def _weights_result(ctx: Context, weights_dir: str, raw: dict[str, Any], ev: dict[str, Any]) -> Result | None:
+def _weights_result(
+    ckpt: safetensors_header.Checkpoint, weights_dir: str, raw: dict[str, Any], ev: dict[str, Any]
+) -> Result | None:
     """MODEL_WEIGHTS_INCOMPLETE (shards the index names are absent) or MODEL_WEIGHTS_CORRUPT (truncated)."""
     name, stage = "model_config", Stage.MODEL
-    lost = _check_index(weights_dir)
-    damaged = {
-        p.name: why for p in sorted(Path(weights_dir).glob("*.safetensors")) if (why := check_safetensors(p))
-    }
+    lost = [*ckpt.missing_shards]
+    if ckpt.index_unreadable:
+        lost.append(f"{safetensors_header.INDEX} (unreadable)")
+    damaged = dict(ckpt.damaged)
+    # a file the index does not name is not loaded, yet a damaged one there is still worth naming
+    read = {t["file"] for t in ckpt.tensors.values()} | set(damaged)
+    for p in sorted(Path(weights_dir).glob("*.safetensors")):
+        if p.name not in read and (why := check_safetensors(p)):
+            damaged[p.name] = why
     if not lost and not damaged:
         return None
     repo = _repo_id(weights_dir, raw)
@@ -124,7 +154,7 @@ def _weights_result(ctx: Context, weights_dir: str, raw: dict[str, Any], ev: dic
         summary = "damaged weights: " + "; ".join(f"{f}: {why}" for f, why in damaged.items())
     fix = fix_for(code, **fill)
     if repo is None:
-        fix += "  (<repo>: the model's Hugging Face repo id; neither config.json nor README.md names it)"
+        fix += f"  ({NO_REPO})"
     return failed(name, stage, summary, code, fix, **ev)
 
 
@@ -153,11 +183,18 @@ def model_config(ctx: Context) -> Result:
     if absent:
         ev["missing_fields"] = absent
         return corrupt(f"{cfg_path} lacks {', '.join(absent)}")
+    ckpt = None
     if where.get("weights_dir"):
-        bad = _weights_result(ctx, where["weights_dir"], raw, ev)
+        ckpt = safetensors_header.read_checkpoint(Path(where["weights_dir"]))
+        bad = _weights_result(ckpt, where["weights_dir"], raw, ev)
         if bad is not None:
             return bad
+        if ckpt.not_in_shard:
+            ev["index_names_absent"] = _bounded(sorted(ckpt.not_in_shard))
     ctx.facts["model"] = where
+    if ckpt is not None and ckpt.tensors:
+        # Weights to compare: the build is not skipped (a warm or a stamp proves the config, not these files).
+        return _build_config(ctx, raw, cfg_path, ev, ckpt)
     # A rerun of the warm tier on a warm key: the warm of that key built this config and trained it with the
     # same packages (they are in the key), so building it again proves nothing new and costs the imports.
     warm_key = warm_probe.warm_here(ctx)
@@ -175,11 +212,25 @@ def model_config(ctx: Context) -> Result:
     left = warm_probe.build_left_to_warm(ctx)
     if left is not None:
         return passed(name, stage, f"{raw['model_type']} config parsed; {left}", **ev)
+    return _build_config(ctx, raw, cfg_path, ev, None)
+
+
+def _build_config(
+    ctx: Context,
+    raw: dict[str, Any],
+    cfg_path: str,
+    ev: dict[str, Any],
+    ckpt: safetensors_header.Checkpoint | None,
+) -> Result:
+    """transformers builds the config on 'meta' (a stamp of an earlier build may stand in, when no
+    checkpoint is to be compared); with `ckpt`, every tensor of it is compared with that model."""
+    name, stage = "model_config", Stage.MODEL
     if installed("transformers") is None:
+        unchecked = "model type unchecked" + (", weights not compared with it" if ckpt else "")
         return warned(
             name,
             stage,
-            f"{raw['model_type']} config parsed; transformers not installed, model type unchecked",
+            f"{raw['model_type']} config parsed; transformers not installed, {unchecked}",
             None,
             None,
             **ev,
@@ -191,7 +242,8 @@ def model_config(ctx: Context) -> Result:
     s = ctx.session
     import_errors = (s.imports.get("import_errors") or {}) if s is not None and s.started else {}
     # A worker of its own (no session running its imports): a build with these very files may be stamped.
-    stamp_key = config_stamp.key(cfg_path) if s is None or s.dead or not s.started else None
+    own_worker = s is None or s.dead or not s.started
+    stamp_key = config_stamp.key(cfg_path) if own_worker and ckpt is None else None
     stamp = config_stamp.read(warm_probe.cache_dir(), stamp_key) if stamp_key else None
     if stamp is not None:
         uncompiled = config_stamp.uncompiled()
@@ -200,14 +252,19 @@ def model_config(ctx: Context) -> Result:
         ev["config_stamp_unused"] = (
             f"{', '.join(uncompiled)} not compiled in this venv yet: built, which compiles the bytecode"
         )
-    if import_errors:
-        ev["session_import_errors"] = import_errors
-        script, extra = gpu.OPS["model_config"]
-        res = runner.run_worker(script, {"config": cfg_path, **extra}, timeout=ctx.timeout(300))
-    else:
-        res = gpu.call(
-            ctx, name, "model_config", {"config": cfg_path}, timeout=ctx.timeout(300), only_if_started=True
-        )
+    with tempfile.TemporaryDirectory(prefix="mlstack-doctor-ckpt-") as tmp:
+        args = {"config": cfg_path}
+        if ckpt is not None:  # a file, not an argument: a 27B checkpoint's table is larger than argv allows
+            table = Path(tmp) / "checkpoint.json"
+            table.write_text(json.dumps(ckpt.tensors), encoding="utf-8")
+            os.chmod(tmp, 0o755)  # the session's worker may run as another uid
+            args["checkpoint"] = str(table)
+        if import_errors:
+            ev["session_import_errors"] = import_errors
+            script, extra = gpu.OPS["model_config"]
+            res = runner.run_worker(script, {**args, **extra}, timeout=ctx.timeout(300))
+        else:
+            res = gpu.call(ctx, name, "model_config", args, timeout=ctx.timeout(300), only_if_started=True)
     data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback", "id")}
     if not res.ok:
         # The JSON parsed with every field, so an answered error is about building the model from it,
@@ -238,6 +295,19 @@ def model_config(ctx: Context) -> Result:
             fix,
             **ev,
         )
+    check = data.pop("weights_check", None)
+    if check is not None:
+        ev["weights_check"] = check
+        if differs := weights_differ(check):
+            ev.update(data)
+            model_dir = str(Path(cfg_path).parent)
+            repo = _repo_id(model_dir, raw)
+            fix = fix_for("MODEL_WEIGHTS_MISMATCH", repo=repo or "<repo>", model_dir=model_dir)
+            if repo is None:
+                fix += f"  ({NO_REPO})"
+            return failed(
+                name, stage, f"weights do not fit config.json: {differs}", "MODEL_WEIGHTS_MISMATCH", fix, **ev
+            )
     stamped: dict[str, Any] = {}
     if stamp_key:
         try:
@@ -264,6 +334,11 @@ def _built(
     ctx.facts["model_info"] = data
     params = f", {data['params'] / 1e9:.2f} B params" if data.get("params") else ""
     summary = f"transformers {data['transformers']} builds {data['config_class']}{params}"
+    check = ev.get("weights_check")
+    if check and check.get("compared"):
+        summary += f"; the checkpoint's {check['checkpoint_tensors']} tensors fit it (names, shapes)"
+    elif check:
+        summary += f"; weights not compared: {check.get('why')}"
     if "built_at" in more:
         summary += (
             f" (built at {more['built_at']} on {more['built_on']} with these very files: not built again)"
@@ -298,6 +373,12 @@ def model_forward(ctx: Context) -> Result:
             default = "LOGITS_SHAPE_WRONG"
         elif data.get("logits_finite") is False:
             default = "NONFINITE_LOGITS"
+        # The folder the weights came from (the vetting reads it), and transformers' own load report: its
+        # table names each tensor that did not load and both shapes, while its exception says "see above".
+        if where.get("weights_dir"):
+            data["weights_dir"] = where["weights_dir"]
+            if report := load_report(res.run.stderr):
+                data["load_report"] = report
         return _fail(name, stage, ctx, res, default, "model forward failed", **data)
     peak = bf16_peak(str(data.get("gpu", "")))
     data["bf16_peak_tflops_datasheet"] = peak

@@ -1,7 +1,10 @@
 """The model tiers: does transformers know the config; a forward on the GPU; warming; concurrent passes.
 
 Modes (args["mode"]):
-  config   transformers builds the config (and, if torch is there, counts parameters on 'meta')
+  config   transformers builds the config (and, if torch is there, counts parameters on 'meta'); with
+           args["checkpoint"] (a JSON file: tensor -> {shape, dtype, file}, read from the safetensors
+           headers by the doctor) compares every tensor with the 'meta' model, keys renamed as
+           transformers' own loader renames them
   forward  build from config (random init, directly on the GPU) or load real weights (device_map),
            forward `tokens` tokens, check logits; time load, first forward, steady forwards
   warm     ONE thread: at each training shape (seq_lens x batch), a forward (no grad) and a training
@@ -25,6 +28,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from typing import Any
 
 from _common import STATE, error_text, main, progress
@@ -85,7 +89,113 @@ def check_config(args: dict[str, Any]) -> dict[str, Any]:
         return out
     total, embed, model = _count_params(torch, transformers, cfg)
     out.update({"params": total, "params_embedding": embed, "model_class": type(model).__name__})
+    if args.get("checkpoint"):
+        with open(args["checkpoint"], encoding="utf-8") as f:
+            out["weights_check"] = compare_checkpoint(cfg, model, json.load(f))
     return out
+
+
+SHOWN = 10  # tensors named per kind of difference; the counts say how many there are
+
+
+def _renamer(model: Any) -> Any:
+    """checkpoint key -> (model key, matched by a converter?), as transformers' loader renames it."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+    mapping = get_model_conversion_mapping(model)
+    renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
+    converters = [m for m in mapping if isinstance(m, WeightConverter)]
+    expected = model.state_dict()
+    prefix = model.base_model_prefix
+
+    def rename(key: str) -> tuple[str, bool]:
+        new, pattern = rename_source_key(key, renamings, converters, prefix, expected)
+        if new not in expected and key in expected:  # the loader's own fallback: the key as it is
+            new, pattern = rename_source_key(key, [], [], base_model_prefix=prefix, meta_state_dict=expected)
+        return new, pattern is not None
+
+    return rename
+
+
+def compare_checkpoint(cfg: Any, model: Any, tensors: dict[str, dict[str, Any]]) -> dict:
+    """Every checkpoint tensor against the model the config builds: missing, unexpected, shapes, dtypes.
+
+    The rules are transformers' loader's: keys renamed by the model's conversion mapping (a multimodal
+    checkpoint's `model.language_model.` prefix, the base model prefix added or dropped), tied weights
+    need only their source, the model's `_keys_to_ignore_on_load_*` patterns apply. A tensor a converter
+    fuses or splits (MoE experts) is matched by name, its shape not compared (the converter reshapes it).
+    """
+    quant = getattr(cfg, "quantization_config", None)
+    if quant:
+        method = (
+            quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+        )
+        return {
+            "compared": False,
+            "why": f"a quantized checkpoint ({method}): its quantizer changes the layout",
+        }
+    expected = model.state_dict()
+    buffers = {k for k, _ in model.named_buffers()}
+    rename = _renamer(model)
+    loaded: set[str] = set()
+    converted_modules: set[str] = set()
+    unexpected: set[str] = set()
+    mismatched: list[dict[str, Any]] = []
+    dtypes: list[dict[str, Any]] = []
+    for key in sorted(tensors):
+        entry = tensors[key]
+        target, by_converter = rename(key)
+        if target not in expected:
+            unexpected.add(key)
+            continue
+        loaded.add(target)
+        if by_converter:
+            converted_modules.add(target.rsplit(".", 2)[0])
+            continue
+        want = expected[target]
+        if list(want.shape) != list(entry["shape"]):
+            mismatched.append(
+                {
+                    "tensor": key,
+                    "checkpoint": entry["shape"],
+                    "model": list(want.shape),
+                    "file": entry["file"],
+                }
+            )
+        # A float tensor of another width is cast at load; an integer one in a float parameter is a
+        # quantized layout the config does not declare.
+        if want.is_floating_point() and not str(entry["dtype"]).startswith(("F", "BF")):
+            dtypes.append(
+                {"tensor": key, "checkpoint": entry["dtype"], "model": str(want.dtype), "file": entry["file"]}
+            )
+    missing = set(expected) - loaded - buffers
+    missing = {k for k in missing if k.rsplit(".", 2)[0] not in converted_modules}
+    tied = dict(getattr(model, "all_tied_weights_keys", None) or {})
+    missing -= {target for target, source in tied.items() if source not in missing}
+
+    # transformers' own clean-up of the two lists (its ignore patterns, old rotary buffers)
+    info = types.SimpleNamespace(missing_keys=missing, unexpected_keys=set(unexpected))
+    if hasattr(model, "_adjust_missing_and_unexpected_keys"):
+        model._adjust_missing_and_unexpected_keys(info)
+    missing, ignored = set(info.missing_keys), len(unexpected) - len(info.unexpected_keys)
+    unexpected = set(info.unexpected_keys)
+    return {
+        "compared": True,
+        "checkpoint_tensors": len(tensors),
+        "model_tensors": len(expected),
+        "converted": sum(1 for k in tensors if rename(k)[1]),
+        "missing_count": len(missing),
+        "missing": sorted(missing)[:SHOWN],
+        "unexpected_count": len(unexpected),
+        "unexpected": sorted(unexpected)[:SHOWN],
+        "unexpected_ignored": ignored,
+        "mismatched_count": len(mismatched),
+        "mismatched": mismatched[:SHOWN],
+        "dtype_mismatched_count": len(dtypes),
+        "dtype_mismatched": dtypes[:SHOWN],
+        "buffers_absent": len((set(expected) & buffers) - loaded),
+    }
 
 
 def _flops_per_token(text: Any, params_dense: int, tokens: int) -> float:

@@ -29,8 +29,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fault_rows import PRELUDE, ROWS, Row
+# The rows are test data: they live with the tests (verify/tests/faults/).
+FAULTS = Path(__file__).resolve().parents[1] / "tests" / "faults"
+sys.path.insert(0, str(FAULTS))
+from fault_rows import PRELUDE, ROWS, Row  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -79,13 +81,25 @@ def lookup(report: dict[str, Any], path: str) -> Any:
 
 def judge(row: Row, report: dict[str, Any], w: str) -> tuple[str, bool, str]:
     """(got, ok, why) for one report."""
-    if row.json:
-        got = {k: lookup(report, k) for k in row.json}
-        return ", ".join(f"{k}={json.dumps(v)}" for k, v in got.items()), got == row.json, ""
     found = causes(report)
+    named, ok, why = _causes_match(row, found, w)
+    if not row.json:
+        return named, ok, why
+    values = {k: lookup(report, k) for k in row.json}
+    got = ", ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
+    if values != row.json:
+        return got, False, ""
+    if row.gpu:  # a GPU row's other causes depend on the machine (a linker that still finds libcuda)
+        return got, True, ""
+    # A CPU row's root causes are compared too: the value it names beside a false root cause is no match.
+    return f"{got}; root causes: {named}", ok, why
+
+
+def _causes_match(row: Row, found: list[dict[str, Any]], w: str) -> tuple[str, bool, str]:
+    """(got, ok, why): every root cause the row expects, with its fix text, and no other."""
     got = ", ".join(f"{c.get('probe')}:{c.get('code')}" for c in found) or "pass"
     if row.expect == "pass":
-        return got, not found, ""
+        return got, not found, "" if not found else "unexpected: " + got
     want = list(row.expect)
     unmatched = list(found)
     for spec in want:
@@ -186,6 +200,13 @@ class Matrix:
         if self.cpu:
             args.append("--no-gpu")
         args += [a.replace("{W}", str(w)) for a in row.args]  # a later --tier wins over the first
+        cmd = [*self.launch(row, w, env), self.python, "-m", "mlstack_doctor", *args]
+        lines += self.before_doctor(row, w, env)
+        lines.append("exec " + " ".join(_quote(c) for c in cmd) + f' > "{w}/doctor.out" 2>&1')
+        return "\n".join(lines) + "\n"
+
+    def launch(self, row: Row, w: Path, env: dict[str, str]) -> list[str]:
+        """The argv prefix that runs a program as the row says: its uid, its variables set and unset."""
         cmd = []
         if row.user is not None:
             cmd += setpriv(row.user)
@@ -195,9 +216,11 @@ class Matrix:
             value = value.replace("{PYTHONPATH}", self._pythonpath())
             value = value.replace("{LD_LIBRARY_PATH}", os.environ.get("LD_LIBRARY_PATH", ""))
             cmd.append(f"{key}={value}")
-        cmd += [self.python, "-m", "mlstack_doctor", *args]
-        lines.append("exec " + " ".join(_quote(c) for c in cmd) + f' > "{w}/doctor.out" 2>&1')
-        return "\n".join(lines) + "\n"
+        return cmd
+
+    def before_doctor(self, row: Row, w: Path, env: dict[str, str]) -> list[str]:
+        """Shell lines run in the row's namespace, after its setup, before the doctor (none here)."""
+        return []
 
     def run(self, row: Row) -> Outcome:
         base = Outcome(row.name, row.users, row.injection, expected_text(row), "", None, 0.0, None)
@@ -248,10 +271,13 @@ class Matrix:
             base.got, base.ok = f"no report (rc {proc.returncode})", False
             base.detail = (out + doctor_out).strip()[-600:]
             return base
-        report = json.loads(report_file.read_text())
-        base.got, base.ok, base.detail = judge(row, report, str(w))
-        base.causes, base.probes = digest(report)
+        self.verdict(base, row, json.loads(report_file.read_text()), w)
         return base
+
+    def verdict(self, out: Outcome, row: Row, report: dict[str, Any], w: Path) -> None:
+        """Judge the row's report into `out`."""
+        out.got, out.ok, out.detail = judge(row, report, str(w))
+        out.causes, out.probes = digest(report)
 
 
 def digest(report: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

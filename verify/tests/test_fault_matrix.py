@@ -9,13 +9,15 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
+import tempfile
 from pathlib import Path
 
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
-import fault_matrix  # noqa: E402
+import fault_matrix  # noqa: E402  (it puts tests/faults, where the rows live, on sys.path)
 from fault_rows import ROWS, Row  # noqa: E402
 
 needs_root = pytest.mark.skipif(
@@ -42,8 +44,26 @@ CACHE_ROWS = (
 )
 
 
+def _outside() -> dict[str, object]:
+    """What this process sees where the CPU rows mount: the mounts on those paths, Python.h, /run's marker."""
+    include = Path(sysconfig.get_paths()["include"])
+    marker = Path("/run/systemd/container")
+    watched = (str(include), "/run", "/dev", str(Path(tempfile.gettempdir()) / "fault-matrix-"))
+    mounts = sorted(
+        line.split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.split()[4].startswith(watched)
+    )
+    return {
+        "mounts": mounts,
+        "python_h": (include / "Python.h").is_file(),
+        "marker": marker.read_text() if marker.exists() else None,
+    }
+
+
 @needs_root
 def test_cpu_rows_match_for_real(tmp_path: Path) -> None:
+    before = _outside()
     out = tmp_path / "matrix.json"
     proc = subprocess.run(
         [
@@ -66,8 +86,9 @@ def test_cpu_rows_match_for_real(tmp_path: Path) -> None:
     assert all(r["ok"] for r in rows.values()), proc.stdout[-3000:]
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert rows["two_failures"]["got"] == "c_compiler:NO_C_COMPILER, model_config:MODEL_WEIGHTS_INCOMPLETE"
-    # The injection stayed in its namespace: this process still sees its own include dir and /run.
-    assert not Path("/run/systemd/container").exists() or rows["in_container_lxc"]["ok"]
+    # The injections stayed in their namespaces: no_python_h bound an empty folder over the include dir,
+    # in_container_lxc a tmpfs over /run; this process's mount table and those paths are as they were.
+    assert _outside() == before
 
 
 def _run_rows(tmp_path: Path, names: str) -> tuple[dict[str, dict], subprocess.CompletedProcess]:
@@ -163,6 +184,26 @@ def test_json_rows_read_report_paths() -> None:
     report = {"host": {"in_container": False}, "probes": [{"name": "tmpdir", "status": "pass"}]}
     assert fault_matrix.judge(row, report, "/w")[1]
     assert not fault_matrix.judge(row, {"host": {"in_container": True}, "probes": []}, "/w")[1]
+
+
+def test_a_cpu_json_row_fails_beside_a_false_root_cause() -> None:
+    """The values a JSON row names are right, but a root cause nobody expects stands beside them: no match
+    on CPU rows (on a GPU row the other causes depend on the machine's linker, and are not compared)."""
+    values = {"host": {"in_container": True}, "probes": []}
+    extra = {
+        **values,
+        "summary": {"root_causes": [{"probe": "tmpdir", "code": "TMPDIR_UNUSABLE", "fix": ""}]},
+    }
+    cpu = Row("r", "", "", json={"host.in_container": True})
+    assert fault_matrix.judge(cpu, values, "/w")[1]
+    got, ok, why = fault_matrix.judge(cpu, extra, "/w")
+    assert (
+        not ok
+        and why == "unexpected: tmpdir:TMPDIR_UNUSABLE"
+        and got.endswith("root causes: tmpdir:TMPDIR_UNUSABLE")
+    )
+    gpu = Row("r", "", "", json={"host.in_container": True}, gpu=True)
+    assert fault_matrix.judge(gpu, extra, "/w")[1]
 
 
 def test_every_row_is_well_formed() -> None:

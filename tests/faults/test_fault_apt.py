@@ -7,10 +7,15 @@ holder lets go while apt waits: apt takes the lock and the run completes."""
 
 from __future__ import annotations
 
+import os
+import select
+import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,14 +23,28 @@ import yaml
 from faultlib import ct_sh, one_line, venv_works, wait_for
 from playbook_runner import REPO, PlaybookRun
 
-# Holds the dpkg frontend lock the way apt does (a POSIX record lock) until stdin closes.
+# Holds the dpkg frontend lock the way apt does (a POSIX record lock) until stdin closes, and prints
+# "tried" each time another process opens the lock file meanwhile (inotify's IN_OPEN): apt opens it for
+# every try of the lock, so the holder sees apt meet the lock and try again.
 HOLDER = """
-import fcntl, sys
-f = open('/var/lib/dpkg/lock-frontend', 'w')
+import ctypes, fcntl, os, struct, sys, threading
+path = sys.argv[1]
+f = open(path, 'w')
 fcntl.lockf(f, fcntl.LOCK_EX)
+libc = ctypes.CDLL(None, use_errno=True)
+watch = libc.inotify_init()
+assert watch >= 0 and libc.inotify_add_watch(watch, path.encode(), 0x20) >= 0, ctypes.get_errno()
 print('locked', flush=True)
+def tries():
+    while True:
+        buf, at = os.read(watch, 4096), 0
+        while at < len(buf):
+            at += 16 + struct.unpack_from('iIII', buf, at)[3]
+            print('tried', flush=True)
+threading.Thread(target=tries, daemon=True).start()
 sys.stdin.read()
 """
+DPKG_LOCK = "/var/lib/dpkg/lock-frontend"
 EXTRA_PACKAGE = "tree"
 # The toolchain role's bounds file (DPkg::Lock::Timeout), which a run with another bound rewrites.
 BOUNDS = "/etc/apt/apt.conf.d/80mlstack-bounds"
@@ -34,16 +53,39 @@ BOUNDS_KEPT = "/root/80mlstack-bounds.before-test"
 
 
 class LockHolder:
-    def __init__(self, vmid: int) -> None:
-        self.proc = subprocess.Popen(
-            ["lxc-attach", "-n", str(vmid), "--clear-env", "--", "/usr/bin/python3", "-c", HOLDER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+    def __init__(self, vmid: int, argv: tuple[str, ...] = (), lock: str = DPKG_LOCK) -> None:
+        inside = argv or ("lxc-attach", "-n", str(vmid), "--clear-env", "--", "/usr/bin/python3")
+        # Unbuffered bytes: select() on the pipe sees every line the holder printed.
+        argv = [*inside, "-c", HOLDER, lock]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.proc.stdout is not None
-        assert self.proc.stdout.readline().strip() == "locked"
+        self.out = self.proc.stdout.fileno()
+        self.said = b""
+        deadline = time.monotonic() + 30
+        while b"\n" not in self.said and self.read(deadline - time.monotonic()):
+            pass
+        assert self.said.startswith(b"locked\n"), self.said
         self.released_at: float | None = None
+
+    def read(self, timeout: float) -> bool:
+        """What the holder printed within `timeout` seconds, added to `said`; False when nothing came."""
+        if not select.select([self.out], [], [], max(timeout, 0))[0]:
+            return False
+        chunk = os.read(self.out, 4096)
+        self.said += chunk
+        return bool(chunk)
+
+    def tried_again(self, times: int, timeout: float) -> bool:
+        """Whether others try the lock `times` more times (tries already printed not counted) within
+        `timeout` seconds."""
+        while self.read(0):
+            pass
+        want = self.said.count(b"tried\n") + times
+        deadline = time.monotonic() + timeout
+        while self.said.count(b"tried\n") < want:
+            if not self.read(deadline - time.monotonic()):
+                return False
+        return True
 
     def release(self) -> None:
         if self.proc.poll() is None:
@@ -130,8 +172,8 @@ def test_apt_lock_held_by_another_process(runner: Any, shared_ct: dict[str, Any]
 
         wait_for(lambda: apt_running() or not thread.is_alive(), 600)
         assert apt_running(), "apt never started: " + results.get("run", PlaybookRun(0, "")).output[-3000:]
-        time.sleep(5)
-        assert apt_running(), "apt did not wait for the lock"
+        # apt meets the held lock and tries it again, twice (DPkg::Lock::Timeout's wait), and still runs.
+        assert holder.tried_again(2, 60) and apt_running(), "apt did not wait for the lock"
         holder.release()
     finally:
         thread.join(900)
@@ -141,3 +183,34 @@ def test_apt_lock_held_by_another_process(runner: Any, shared_ct: dict[str, Any]
     installed_at = float(ct_sh(vmid, f"stat -c %Y /var/lib/dpkg/info/{EXTRA_PACKAGE}.list").stdout)
     assert holder.released_at is not None and installed_at >= int(holder.released_at) - 1
     assert "waited" not in one_line(again.output)
+
+
+@pytest.mark.parametrize(("timeout", "waits"), [(20, True), (0, False)], ids=["lock-timeout", "no-wait"])
+def test_the_holder_sees_apt_try_the_held_lock_again(tmp_path: Path, timeout: int, waits: bool) -> None:
+    """This machine's apt-get against a lock the holder holds (an admin folder of its own, dpkg replaced by
+    false: nothing is installed whatever happens): with a lock timeout it tries again and again, which the
+    holder sees; without one it tries once and gives up."""
+    admin = tmp_path / "dpkg"
+    admin.mkdir()
+    shutil.copy("/var/lib/dpkg/status", admin / "status")
+    holder = LockHolder(0, argv=(sys.executable,), lock=str(admin / "lock-frontend"))
+    options = {
+        "Dir::State::status": admin / "status",
+        "Dir::Cache::archives": tmp_path,
+        "Dir::Bin::dpkg": "/bin/false",
+        "DPkg::Lock::Timeout": timeout,
+    }
+    argv = ["apt-get", "-qq", *(f"-o{k}={v}" for k, v in options.items()), "install", "-y", EXTRA_PACKAGE]
+    apt = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        if waits:
+            assert holder.tried_again(2, 60), holder.said
+        else:
+            said = apt.communicate(timeout=60)[0]
+            while holder.read(0.5):
+                pass
+            assert apt.returncode != 0 and holder.said.count(b"tried\n") == 1, (holder.said, said)
+    finally:
+        apt.kill()
+        apt.wait(30)
+        holder.release()

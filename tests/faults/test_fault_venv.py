@@ -128,7 +128,15 @@ def test_ssh_link_killed_during_venv_build(
             wait_for(lambda: building() or not thread.is_alive(), 600, 0.5)
             so_far = results.get("cut", PlaybookRun(0, "")).output[-3000:]
             assert building(), "the venv build never started: " + so_far
-            time.sleep(1)
+
+            def waiting() -> bool:
+                """The build waits for the held lock (its `flock -w SECONDS 9`)."""
+                return ct_sh(vmid, "pgrep -f '^flock -w [0-9]+ 9$' >/dev/null").returncode == 0
+
+            assert wait_for(lambda: waiting() or not thread.is_alive(), 120, 0.2) and waiting(), (
+                "the venv build did not wait for the held lock: "
+                + results.get("cut", PlaybookRun(0, "")).output[-3000:]
+            )
             link.cut()
             cut_at = time.monotonic()
             # The build goes on without the link: `uv sync` runs in the container after the cut.

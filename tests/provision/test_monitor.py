@@ -181,7 +181,9 @@ def test_a_run_started_by_hand_waits_for_the_lock(first_run: PlaybookRun) -> Non
     # What docs/monitoring.md's `systemctl start mlstack-doctor-quick.service` meets when a fast run is
     # under way: it waits for it, then writes its own verdict, instead of vanishing without one.
     quick_before = samples(ok(f"cat {PROM}"))['mlstack_doctor_last_run_timestamp_seconds{tier="quick"}']
-    ok(f"systemd-run --unit=lock-holder --quiet flock {LOCK} sleep 6")
+    # The holder keeps the lock until the quick run has said that it waits (no holding time for a loaded
+    # machine to outlast before the run even reaches the lock).
+    ok(f"systemd-run --unit=lock-holder --quiet flock {LOCK} sleep infinity")
     try:
         # flock starts its command once it holds the lock.
         deadline = time.monotonic() + 30
@@ -189,12 +191,18 @@ def test_a_run_started_by_hand_waits_for_the_lock(first_run: PlaybookRun) -> Non
             assert time.monotonic() < deadline, "the lock holder did not take the lock"
             time.sleep(0.2)
         since = time.time() - 1
-        ok("systemctl start mlstack-doctor-quick.service", timeout=600)
-        said = journal("mlstack-doctor-quick.service", since)
-        assert f"another doctor run holds {LOCK}; waiting for it" in said, said
-        assert "passed: metrics in" in said, said
+        ok("systemctl start --no-block mlstack-doctor-quick.service")
+        waiting = f"another doctor run holds {LOCK}; waiting for it"
+        deadline = time.monotonic() + 120
+        while waiting not in (said := journal("mlstack-doctor-quick.service", since)):
+            assert time.monotonic() < deadline, said
+            time.sleep(0.5)
     finally:
         sh("systemctl stop lock-holder.service")
+    # Once the lock is free it runs to its end and writes its own verdict.
+    state = wait_idle("mlstack-doctor-quick.service")
+    said = journal("mlstack-doctor-quick.service", since)
+    assert state == "inactive" and "passed: metrics in" in said, said
     got = samples(ok(f"cat {PROM}"))
     assert got['mlstack_doctor_last_run_timestamp_seconds{tier="quick"}'] > quick_before, got
     assert got['mlstack_doctor_ok{tier="quick"}'] == 1

@@ -216,6 +216,38 @@ def check_subdirs(item: dict[str, Any]) -> Found:
     return [os.path.join(path, n) for n in names if os.path.isdir(os.path.join(path, n))], None
 
 
+def check_free(item: dict[str, Any]) -> Found:
+    """Not a check of state: the bytes free where a step writes (`paths`: {path: bytes it needs}), the needs
+    of paths on one filesystem added up. Found: {free: {path: bytes}, short: [{path, free, need}]}, the
+    first folder of each filesystem that lacks what the step needs; never differing (a role stops on it
+    only when it has something to write). A path not there yet is measured at its nearest existing folder."""
+    free: dict[str, int] = {}
+    by_fs: dict[int, list[tuple[str, int]]] = {}
+    for path, need in item["paths"].items():
+        where = str(path)
+        while not os.path.exists(where) and where not in ("", "/"):
+            where = os.path.dirname(where.rstrip("/")) or "/"
+        st = os.statvfs(where)
+        free[path] = st.f_bavail * st.f_frsize
+        by_fs.setdefault(os.stat(where).st_dev, []).append((path, int(need)))
+    short = []
+    for paths in by_fs.values():
+        need = sum(n for _, n in paths)
+        if free[paths[0][0]] < need:
+            short.append({"path": " and ".join(p for p, _ in paths), "free": free[paths[0][0]], "need": need})
+    return {"free": free, "short": short}, None
+
+
+def check_dpkg_audit(item: dict[str, Any], run: Callable[[list[str]], tuple[int, str, str]]) -> Found:
+    """What an interrupted dpkg left half-done (`dpkg --audit` lists it; nothing when all is well): the
+    package names it lists."""
+    _, out, _ = run(["dpkg", "--audit"])
+    if not out.strip():
+        return [], None
+    names = re.findall(r"(?m)^ (\S+)\s", out)
+    return names, f"left half-done by an interrupted dpkg: {' '.join(names) or out.strip().splitlines()[0]}"
+
+
 def _run(argv: list[str]) -> tuple[int, str, str]:
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
@@ -233,8 +265,14 @@ CHECKS: dict[str, Callable[..., Found]] = {
     "venv": check_venv,
     "dist": check_dist,
     "subdirs": check_subdirs,
+    "free": check_free,
 }
-COMMAND_CHECKS = {"packages": check_packages, "version": check_version, "libcuda": check_libcuda}
+COMMAND_CHECKS = {
+    "dpkg_audit": check_dpkg_audit,
+    "packages": check_packages,
+    "version": check_version,
+    "libcuda": check_libcuda,
+}
 
 
 def read_state(

@@ -21,7 +21,9 @@ options:
         followed by a space and more), C(libcuda) (the version of the libcuda.so.1 the linker cache lists
         first, as its file names it; optional C(version) it must be), C(venv) (C(path), a venv the builder
         completed whose site-packages still hold what its manifest recorded), C(dist) (C(venv), C(name),
-        optional C(version)), or C(subdirs) (C(path); lists folders, never differs).
+        optional C(version)), C(subdirs) (C(path); lists folders, never differs), C(free) (C(paths), each
+        path with the bytes a step needs there; the bytes free and the filesystems that lack them, never
+        differs) or C(dpkg_audit) (what C(dpkg --audit) lists as left half-done by an interrupted dpkg).
     type: dict
     required: true
 author: mlstack maintainers

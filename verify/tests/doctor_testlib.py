@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,15 +60,21 @@ def doctor_env(extra: dict[str, str] | None = None, unset: tuple[str, ...] = ())
 
 
 def run_doctor(
-    *args: str, python: str = sys.executable, env: dict[str, str] | None = None, timeout: float = 240
+    *args: str,
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+    preexec: Callable[[], None] | None = None,
 ) -> DoctorRun:
-    """`python -m mlstack_doctor --json --quiet ARGS` for real; the JSON is schema-validated."""
+    """`python -m mlstack_doctor --json --quiet ARGS` for real; the JSON is schema-validated. `preexec`
+    runs in the doctor's process before it starts (a resource limit set there)."""
     proc = subprocess.run(
         [python, "-m", "mlstack_doctor", "--json", "--quiet", *args],
         capture_output=True,
         text=True,
         env=env if env is not None else doctor_env(),
         timeout=timeout,
+        preexec_fn=preexec,
     )
     report: dict[str, Any] = {}
     if proc.returncode in (0, 1):

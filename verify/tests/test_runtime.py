@@ -12,7 +12,7 @@ from mlstack_doctor import engine, runner, runtime, vetting
 from mlstack_doctor.context import Context, Options
 from mlstack_doctor.diagnosis import match
 from mlstack_doctor.probes import gpu
-from mlstack_doctor.record import Result, Stage, Status, failed, passed
+from mlstack_doctor.record import Result, Stage, Status, failed, passed, warned
 
 # Seen on the H200 (torch 2.11.0+cu130, triton 3.6.0, driver 580.159.04): results/h200-2026-12-02-doctor/
 H200_TEXTS = [
@@ -131,7 +131,12 @@ def test_cuda_unavailable_never_tells_to_fix_a_driver_that_answers() -> None:
 
 @pytest.mark.parametrize("installed,kept", [("3.6.0", False), ("3.7.1", True)])
 def test_the_triton_pin_fix_only_when_triton_is_off_the_pin(installed: str, kept: bool) -> None:
-    pin = _r("torch_triton_pin", Status.PASS, triton=installed, torch_pins_triton="3.6.0")
+    # off the pin with no profile declaring it (a warning): the override was never proven
+    pin = (
+        _r("torch_triton_pin", Status.PASS, triton=installed, torch_pins_triton="3.6.0")
+        if installed == "3.6.0"
+        else warned("torch_triton_pin", Stage.PACKAGES, "off", "TRITON_PIN_OVERRIDDEN", "x", triton=installed)
+    )
     res = _r("torch_compile", Status.FAIL, "TORCH_COMPILE_FAILED", exception="OSError: No space left")
     res.fix = "install the triton torch pins (pip install 'triton==3.6.0')"
     out = vetting.vet(res, {}, {"torch_triton_pin": pin})

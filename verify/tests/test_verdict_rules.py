@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from doctor_testlib import SRC, TEST_TORCH, DoctorRun, doctor_env, run_doctor, validate, write_lock
-from mlstack_doctor import engine, vetting
+from mlstack_doctor import SCHEMA_VERSION, engine, vetting
 from mlstack_doctor.record import Result, Stage, Status, failed, passed, skipped
 
 CAN_MOUNT = os.geteuid() == 0 and shutil.which("unshare") is not None
@@ -299,7 +299,7 @@ def test_real_run_lists_every_independent_root_cause(tmp_path: Path) -> None:
     run = doctor(*argv, env=env)
     roots = run.report["summary"]["root_causes"]
     assert [r["code"] for r in roots] == ["TMPDIR_UNUSABLE", "MODEL_PATH_MISSING"]
-    assert run.report["schema_version"] == "1.3"
+    assert run.report["schema_version"] == SCHEMA_VERSION
     table = subprocess.run(
         [sys.executable, "-m", "mlstack_doctor", *argv], capture_output=True, text=True, env=env, timeout=120
     ).stdout

@@ -55,6 +55,10 @@ def sh(argv: list[str], timeout: float = 120, **kw: Any) -> subprocess.Completed
 # ------------------------------------------------------------------------------ LXC
 
 
+# The Debian packages LXC is carried in: `apt-get download` of these on a machine with network.
+LXC_DEBS = ("lxc", "liblxc1", "liblxc-common", "libapparmor1")
+
+
 def ensure_lxc(debs_dir: Path, prefix: Path, force_debs: bool) -> str:
     """LXC on PATH, or unpacked from carried Debian packages into a private prefix (no network)."""
     if not force_debs and shutil.which("lxc-start") and shutil.which("lxc-attach"):
@@ -63,7 +67,7 @@ def ensure_lxc(debs_dir: Path, prefix: Path, force_debs: bool) -> str:
     if not debs:
         raise CannotRun(
             f"no lxc-start on PATH and no .deb in {debs_dir}; on a machine with network: "
-            f"mkdir -p {debs_dir} && cd {debs_dir} && apt-get download lxc liblxc1 liblxc-common libapparmor1"
+            f"mkdir -p {debs_dir} && cd {debs_dir} && apt-get download {' '.join(LXC_DEBS)}"
         )
     if not shutil.which("dpkg-deb"):
         raise CannotRun("dpkg-deb is needed to unpack the carried LXC packages")

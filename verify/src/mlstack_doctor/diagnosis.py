@@ -82,6 +82,11 @@ CODES: dict[str, Code] = {
         "it and every entry after it",
         "unset CUDA_VISIBLE_DEVICES, or export CUDA_VISIBLE_DEVICES={suggest} (GPUs here: {here})",
     ),
+    "DISK_NEARLY_FULL": Code(
+        "a disk the stack writes to is nearly full (probes/disks.py's thresholds): apt, uv and Triton stop "
+        "mid-write when it fills",
+        "free space on the filesystem of {path} (df -h {path}; apt-get clean, old venvs, uv cache prune)",
+    ),
     # toolchain
     "NO_C_COMPILER": Code(
         "no C compiler: Triton compiles a C helper on first use and finds neither $CC nor gcc nor clang",
@@ -114,7 +119,7 @@ CODES: dict[str, Code] = {
     ),
     "TMPDIR_UNUSABLE": Code(
         "$TMPDIR names a directory that is missing or unwritable: gcc and Triton's builds write there",
-        "{alternative}mkdir -p {tmpdir} with write permission",
+        "{alternative}mkdir -p {tmpdir} with write permission{proof}",
     ),
     "PACKAGE_UNREADABLE": Code(
         "an installed package's files cannot be read by this user (installed by root with umask 077): "
@@ -177,7 +182,8 @@ CODES: dict[str, Code] = {
     ),
     "FLA_KERNEL_FAILED": Code(
         "an FLA Triton kernel failed to compile or run",
-        "read evidence.exception; retry with a fresh TRITON_CACHE_DIR to rule out a stale cache",
+        "read evidence.exception, and evidence.experiment for what the doctor's reruns (a clean baseline, "
+        "a fresh private cache among its differences) ruled out",
     ),
     "FLA_KERNEL_MISMATCH": Code(
         "an FLA kernel gives a different answer from the plain torch reference",
@@ -353,7 +359,8 @@ CODES: dict[str, Code] = {
     ),
     "HOME_UNUSABLE": Code(
         "HOME is unset, missing or unwritable: caches that default under ~ cannot be written",
-        "export HOME to a writable folder (or set TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, HF_HOME to one)",
+        "{alternative}export HOME to a writable folder (or set TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, "
+        "HF_HOME to one){proof}",
     ),
     "CUDA_DRIVER_STUB": Code(
         "the CUDA toolkit's link-time stub libcuda is loaded instead of the driver's "
@@ -377,6 +384,29 @@ CODES: dict[str, Code] = {
     "ENV_SETTING_FAULT": Code(
         "the probe fails (its worker dies) with a setting of this environment and passes without it",
         "unset or correct {var} (the probe passed when the doctor reran it without {var})",
+    ),
+    # causes found by experiment (experiment.py): the probe passes in a clean baseline, fails again with
+    # only this difference put back, and passes again without it; {action} names the culprit(s)
+    "ENV_SETTING_BREAKS": Code(
+        "a variable of this environment makes the probe fail: it passes without it and fails again with "
+        "it alone put back (found by rerunning the probe, no rule knew its text)",
+        "{action}{proof}",
+    ),
+    "RESOURCE_LIMIT_BREAKS": Code(
+        "a resource limit of this process (soft below hard) makes the probe fail: a write fails with EFBIG "
+        "(the file-size limit), or the probe passes with the limit raised and fails again with it alone "
+        "put back",
+        "{action}{proof}",
+    ),
+    "CACHE_BREAKS": Code(
+        "a kernel cache in use makes the probe fail: it passes with a fresh private cache and fails again "
+        "with the cache alone put back",
+        "{action}{proof}",
+    ),
+    "STARTUP_HOOK_BREAKS": Code(
+        "a Python start-up hook (sitecustomize, usercustomize, PYTHONSTARTUP) makes the probe fail: it "
+        "passes without the hook and fails again with it alone put back",
+        "{action}{proof}",
     ),
     # runtime errors the classifier names from a probe's exception and stderr
     "CUDA_INIT_OUT_OF_MEMORY": Code(
@@ -459,6 +489,9 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
         "CUDA_INIT_OUT_OF_MEMORY",
         re.compile(r"cudaGetDeviceCount\(\)[^\n]*Error 2: out of memory|cuInit[^\n]*OUT_OF_MEMORY"),
     ),
+    # torch's OutOfMemoryError advises "setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True": an
+    # out-of-memory text is that, before the allocator setting's own rule reads the variable's name
+    ("GPU_OUT_OF_MEMORY", re.compile(r"CUDA out of memory|OutOfMemoryError")),
     (
         "ALLOC_CONF_INVALID",
         re.compile(
@@ -494,7 +527,6 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
         re.compile(r"libcuda\.so cannot found|cannot find -lcuda|libcuda\.so\.1: cannot open", re.I),
     ),
     ("AUTOTUNER_RACE", re.compile(r"'NoneType' object is not a mapping")),
-    ("GPU_OUT_OF_MEMORY", re.compile(r"CUDA out of memory|OutOfMemoryError")),
     (
         "DISK_FULL",
         re.compile(

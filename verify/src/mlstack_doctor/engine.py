@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from mlstack_doctor import runner, vetting
 from mlstack_doctor.context import Context, Options
-from mlstack_doctor.probes import caches, gpu, host, model, nccl, packages, process, toolchain, warm
+from mlstack_doctor.probes import caches, disks, gpu, host, model, nccl, packages, process, toolchain, warm
 from mlstack_doctor.record import Result, Stage, Status, skipped
 
 TIERS = ("fast", "quick", "full", "stress", "warm", "nccl")
@@ -46,6 +46,7 @@ PROBES: tuple[Probe, ...] = (
     # The limits, identity and settings every later process inherits: a fault there surfaces deep
     # inside torch, CUDA or Triton, so the probes that start those wait for it.
     Probe("process_env", Stage.HOST, process.process_env),
+    Probe("disk_space", Stage.HOST, disks.disk_space),
     Probe("nvidia_device_nodes", Stage.HOST, host.device_nodes),
     Probe("nvidia_driver", Stage.HOST, host.driver, ("nvidia_device_nodes",), gpu=True),
     Probe("cuda_visible_devices", Stage.HOST, host.cuda_visible_devices, gpu=True),
@@ -205,6 +206,7 @@ PROBES: tuple[Probe, ...] = (
 # for monitoring and a quick verify.yml. No session probe, no model_config (it imports transformers).
 FAST_TIER = (
     "process_env",
+    "disk_space",
     "nvidia_device_nodes",
     "nvidia_driver",
     "cuda_visible_devices",

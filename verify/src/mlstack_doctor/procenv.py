@@ -116,6 +116,9 @@ LIMITS = {
     "open_files": resource.RLIMIT_NOFILE,
     "locked_memory": resource.RLIMIT_MEMLOCK,
     "stack": resource.RLIMIT_STACK,
+    "file_size": resource.RLIMIT_FSIZE,
+    "data": resource.RLIMIT_DATA,
+    "cpu_time": resource.RLIMIT_CPU,
 }
 ULIMIT_FLAG = {
     "address_space": "-v",
@@ -123,6 +126,20 @@ ULIMIT_FLAG = {
     "open_files": "-n",
     "locked_memory": "-l",
     "stack": "-s",
+    "file_size": "-f",
+    "data": "-d",
+    "cpu_time": "-t",
+}
+# systemd's name for each limit (LimitFSIZE=, ...), for a fix where the job is a unit.
+SYSTEMD_LIMIT = {
+    "address_space": "LimitAS",
+    "processes": "LimitNPROC",
+    "open_files": "LimitNOFILE",
+    "locked_memory": "LimitMEMLOCK",
+    "stack": "LimitSTACK",
+    "file_size": "LimitFSIZE",
+    "data": "LimitDATA",
+    "cpu_time": "LimitCPU",
 }
 PRLIMIT_FLAG = {
     "address_space": "--as",
@@ -130,6 +147,9 @@ PRLIMIT_FLAG = {
     "open_files": "--nofile",
     "locked_memory": "--memlock",
     "stack": "--stack",
+    "file_size": "--fsize",
+    "data": "--data",
+    "cpu_time": "--cpu",
 }
 
 

@@ -60,8 +60,10 @@ def run(
     env: dict[str, str] | None = None,
     cwd: str | None = None,
     stdin_text: str | None = None,
+    preexec: Callable[[], None] | None = None,
 ) -> RunResult:
-    """Run argv; map a missing binary, an OS error or a timeout to a RunResult instead of raising."""
+    """Run argv; map a missing binary, an OS error or a timeout to a RunResult instead of raising.
+    `preexec` runs in the child before the program (the experiment raises resource limits there)."""
     start = time.monotonic()
     try:
         proc = subprocess.run(
@@ -73,6 +75,7 @@ def run(
             timeout=timeout,
             env=env,
             cwd=cwd,
+            preexec_fn=preexec,
         )
     except FileNotFoundError as exc:
         return RunResult(argv, RC_NOT_FOUND, "", str(exc), time.monotonic() - start, not_found=True)
@@ -137,12 +140,14 @@ def run_worker(
     python: str | None = None,
     env: dict[str, str] | None = None,
     replace_env: bool = False,
+    preexec: Callable[[], None] | None = None,
 ) -> WorkerResult:
     """Run workers/<script> with the interpreter under test; parse the one result line it prints.
-    `env` is added to this process's environment, or is the whole environment with `replace_env`."""
+    `env` is added to this process's environment, or is the whole environment with `replace_env`;
+    `preexec` runs in the child first (see `run`)."""
     argv = [python or sys.executable, str(WORKERS_DIR / script), json.dumps(args)]
     full = {**env, "PYTHONUNBUFFERED": "1"} if replace_env and env is not None else _worker_env(env)
-    res = run(argv, timeout=timeout, env=full)
+    res = run(argv, timeout=timeout, env=full, preexec=preexec)
     return WorkerResult(res, _answer(res.stdout))
 
 

@@ -9,11 +9,13 @@ code and the same fix whichever probe met it.
 from __future__ import annotations
 
 import os
+import re
+import resource
 import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlstack_doctor import kernel_cache, procenv, runner
+from mlstack_doctor import experiment, kernel_cache, procenv, runner
 from mlstack_doctor.diagnosis import match
 
 
@@ -158,51 +160,205 @@ def explain(res: runner.WorkerResult, default: str, facts: dict[str, Any], also:
     return Explained(code, args, ev)
 
 
-# Kept as they are in the rerun: where the driver's libraries are found; a cache folder is replaced by an
-# empty one instead of dropped (an empty cache is the reduced form of a cache).
-KEEP = ("LD_LIBRARY_PATH",)
-FRESHEN = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
-MAX_SINGLE = 4  # reruns that each drop one setting, after the one that drops them all
+# ---- memory other processes hold ------------------------------------------------------------------
+
+_UNITS = {"B": 1, "bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+_AMOUNT = r"([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB)"
 
 
-def candidates() -> list[str]:
-    """The stack's settings in this environment, those whose value breaks a rule first."""
-    names = [k for k in procenv.stack_variables() if k not in KEEP]
-    suspect = procenv.variable_problems()
-    return sorted(names, key=lambda k: (k not in suspect, k))
+def _bytes(num: str, unit: str) -> int:
+    return int(float(num) * _UNITS[unit])
 
 
-def reduced_rerun(script: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Rerun a probe's worker once without the stack's settings; when that passes, once without each
-    setting alone, to name the one that makes the difference. {'without': [...], 'passed': bool,
-    'culprit': VAR or None, 'tries': [...]}."""
-    import tempfile
+def _gib(n: int) -> float:
+    return round(n / (1 << 30), 2)
 
-    names = candidates()
-    out: dict[str, Any] = {"without": names, "tries": []}
-    if not names:
-        out["passed"] = None
-        return out
-    fresh = tempfile.mkdtemp(prefix="mlstack-doctor-rerun-")
 
-    def attempt(drop: list[str]) -> bool:
-        env = {k: v for k, v in os.environ.items() if k not in drop or k in FRESHEN}
-        for k in drop:
-            if k in FRESHEN:
-                env[k] = os.path.join(fresh, k.lower())
-        res = runner.run_worker(script, args, timeout=timeout, env=env, replace_env=True)
-        out["tries"].append({"without": drop, "ok": res.ok, "rc": res.run.rc})
-        return res.ok
-
-    try:
-        out["passed"] = attempt(names)
-        if out["passed"]:
-            if len(names) == 1:
-                out["culprit"] = names[0]
-            else:
-                out["culprit"] = next((n for n in names[:MAX_SINGLE] if attempt([n])), None)
-    finally:
-        import shutil
-
-        shutil.rmtree(fresh, ignore_errors=True)
+def memory_held(text: str, nvml: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Who holds the GPU's memory, from torch's OutOfMemoryError ("GPU 0 has a total capacity of X of
+    which Y is free. Process P has Z memory in use. Including non-PyTorch memory, this process has W")
+    and, where it answers, NVML's list of compute processes (w_nvml.py, mode memory)."""
+    out: dict[str, Any] = {}
+    m = re.search(rf"total capacity of {_AMOUNT} of which {_AMOUNT} is free", text)
+    mine = re.search(rf"this process has {_AMOUNT} memory in use", text)
+    if m:
+        total, free = _bytes(*m.group(1, 2)), _bytes(*m.group(3, 4))
+        out["total_gib"], out["free_gib"] = _gib(total), _gib(free)
+        if mine:
+            this = _bytes(*mine.group(1, 2))
+            out["this_process_gib"] = _gib(this)
+            out["held_outside_gib"] = _gib(max(0, total - free - this))
+    named = [
+        {"pid": int(p.group(1)), "used_gib": _gib(_bytes(p.group(2), p.group(3)))}
+        for p in re.finditer(rf"Process (\d+) has {_AMOUNT} memory in use", text)
+    ]
+    if named:
+        out["processes"] = named
+    for gpu in (nvml or {}).get("gpus") or []:
+        procs = gpu.get("processes")
+        entry: dict[str, Any] = {
+            "index": gpu["index"],
+            "used_gib": _gib(gpu["used"]),
+            "free_gib": _gib(gpu["free"]),
+        }
+        if procs is not None:
+            entry["processes"] = [
+                {"pid": p["pid"], "used_gib": _gib(p["used"]), "command": p["command"] or "not visible here"}
+                for p in procs
+            ]
+            if procs and not any(p["command"] for p in procs):
+                entry["note"] = "the holders' pids are not visible here (another PID namespace: a container)"
+            elif not procs and gpu["used"] > (1 << 30):
+                entry["note"] = (
+                    "NVML lists no process: the holders run in another PID namespace (a container)"
+                )
+        else:
+            entry["note"] = f"NVML does not list the processes: {gpu.get('processes_error')}"
+        out.setdefault("nvml", []).append(entry)
+    if nvml is not None and not nvml.get("gpus"):
+        out["nvml"] = f"NVML not readable here: {nvml.get('error') or 'no GPU listed'}"
     return out
+
+
+def memory_sentence(held: dict[str, Any]) -> str:
+    """One line for the fix: how much the device holds outside this process, and who."""
+    parts = []
+    if "held_outside_gib" in held:
+        parts.append(
+            f"{held['held_outside_gib']} GiB of {held['total_gib']} GiB is held outside this process"
+        )
+    holders = [
+        f"pid {p['pid']} ({p['used_gib']} GiB{', ' + p['command'] if p.get('command') else ''})"
+        for g in held.get("nvml") or []
+        if isinstance(g, dict)
+        for p in g.get("processes") or []
+    ] or [f"pid {p['pid']} ({p['used_gib']} GiB)" for p in held.get("processes") or []]
+    if holders:
+        parts.append("held by " + ", ".join(holders[:4]))
+    notes = [g["note"] for g in held.get("nvml") or [] if isinstance(g, dict) and g.get("note")]
+    parts += notes[:1]
+    return "; ".join(parts)
+
+
+# ---- diagnosis by experiment ----------------------------------------------------------------------
+
+# A code read from the probe's own text that still leaves the cause open: out of memory is load (another
+# process, the model's size) or a setting (an allocator fraction): only the experiment can tell them apart.
+OPEN_CODES = ("GPU_OUT_OF_MEMORY",)
+# The code for a confirmed culprit, by its kind (experiment.KINDS).
+KIND_CODE = {
+    "env": "ENV_SETTING_BREAKS",
+    "limit": "RESOURCE_LIMIT_BREAKS",
+    "home": "HOME_UNUSABLE",
+    "tmpdir": "TMPDIR_UNUSABLE",
+    "cache": "CACHE_BREAKS",
+    "startup": "STARTUP_HOOK_BREAKS",
+}
+
+
+def wants_experiment(res: runner.WorkerResult, ex: Explained) -> bool:
+    """A failure whose cause the evidence does not name: no rule matched its text (a generic code), or
+    the rule's code leaves it open. A hang is not rerun (each rerun would wait for the whole timeout)."""
+    if res.run.timed_out or ex.code == "PROBE_TIMEOUT":
+        return False
+    return not ex.evidence.get("classified_from") or ex.code in OPEN_CODES
+
+
+def limit_action(name: str) -> str:
+    """Raise limit `name` (procenv.LIMITS) where the job starts, to its hard value."""
+    soft, hard = resource.getrlimit(procenv.LIMITS[name])
+    to = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    unit = " (blocks of 1024 bytes)" if name == "file_size" and to != "unlimited" else ""
+    return (
+        f"raise the {name} limit where the job starts: ulimit {procenv.ULIMIT_FLAG[name]} {to}{unit} "
+        f"(systemd {procenv.SYSTEMD_LIMIT[name]}={'infinity' if to == 'unlimited' else to}); "
+        f"its soft value is {soft} here"
+    )
+
+
+def _action(d: experiment.Difference, facts: dict[str, Any]) -> str:
+    """What to do about one confirmed difference, from its kind."""
+    if d.kind == "env":
+        how = ""
+        if d.name in procenv.ALLOC_VARS:
+            how = " or correct it (key:value[,key:value], e.g. expandable_segments:True)"
+        elif d.name in procenv.INT_VARS:
+            how = " or set it to a whole number"
+        elif d.name in procenv.MUST_EXIST:
+            how = " or point it at an existing folder"
+        return f"unset {d.name}{how} where the job's environment sets it (it is {d.value!r} here)"
+    if d.kind == "limit":
+        return limit_action(d.name)
+    if d.kind in ("home", "tmpdir"):
+        return f"{d.var}={d.name} failed the probe"
+    if d.kind == "cache":
+        if os.path.isdir(d.name):
+            return f"rm -rf {d.name} (the cache {d.var} uses; its kernels compile again on first use)"
+        return f"unset {d.var} or point it at a folder that can be created ({d.name} cannot be used)"
+    if d.var == "PYTHONSTARTUP":
+        return f"unset PYTHONSTARTUP (it runs {d.name})"
+    where = f" (or remove {d.entry} from PYTHONPATH)" if d.entry else ""
+    return f"remove the start-up hook {d.name}{where}: every interpreter runs it at start"
+
+
+def _alternative(facts: dict[str, Any], d: experiment.Difference) -> str:
+    """'export VAR=<a folder the doctor wrote to>; or ' for HOME or TMPDIR."""
+    from mlstack_doctor.probes import toolchain  # a probe module: imported when needed only
+
+    user = os.environ.get("USER") or str(os.getuid())
+    cands = ["/var/tmp", "/tmp"] if d.kind == "tmpdir" else [f"/var/tmp/home-{user}", f"/tmp/home-{user}"]
+    cands = [c for c in cands if os.path.abspath(c) != os.path.abspath(d.name)]
+    return toolchain.alternative_in(facts, str(d.var), d.name, cands)[0]
+
+
+def experiment_note(found: dict[str, Any] | None) -> str:
+    """What the fix adds when the experiment ran and named nothing: where the cause is not."""
+    if not found or found.get("confirmed"):
+        return ""
+    if found.get("baseline") == "fail":
+        ruled = ", ".join(found.get("ruled_out") or []) or "nothing"
+        return (
+            f"; the cause is not in this process's settings: the probe fails in a clean baseline too "
+            f"(ruled out: {ruled})"
+        )
+    return f"; the doctor's reruns named no setting ({found.get('note') or 'not confirmed'})"
+
+
+def by_experiment(ex: Explained, facts: dict[str, Any], key: str, trial: experiment.Trial) -> None:
+    """Run (or reuse) the experiment for a failure no rule explains; a confirmed culprit becomes the code
+    and the fix (ex is updated in place); otherwise the evidence says what was ruled out."""
+    out = experiment.diagnose(facts, key, trial)
+    ex.evidence["experiment"] = out.evidence
+    # the field reports of schema 1.3 read (the rerun without the stack's settings)
+    env_culprits = [c.name for c in out.culprits if c.kind == "env"] if out.confirmed else []
+    ex.evidence["reduced_env_rerun"] = {
+        "without": [d["name"] for d in out.evidence["culprits"]] + out.ruled_out,
+        "passed": {"pass": True, "fail": False}.get(out.baseline),
+        "culprit": env_culprits[0] if env_culprits else None,
+    }
+    if not (out.confirmed and out.culprits):
+        return
+    first = out.culprits[0]
+    if len(out.culprits) == 1 and first.name in procenv.ALLOC_VARS:
+        # a grammar the doctor knows: its own code, the fix naming what is wrong with the value
+        ex.code = "ALLOC_CONF_INVALID"
+        ex.fix_args = fix_args(ex.code, {}, facts)
+        ex.fix_args.setdefault("var", first.name)
+        ex.evidence["classified_from"] = f"experiment: {first.name}"
+        return
+    code = KIND_CODE[first.kind]
+    names = " and ".join(c.name for c in out.culprits)
+    proof = (
+        f" (the doctor reran the probe: it passed without {names} and failed again with only {names} put "
+        "back; evidence.experiment)"
+    )
+    others = "; and ".join(_action(c, facts) for c in out.culprits[1:])
+    if code in ("HOME_UNUSABLE", "TMPDIR_UNUSABLE"):
+        args = {"alternative": _alternative(facts, first), "tmpdir": first.name}
+        proof = f" ({_action(first, facts)}{'; and ' + others if others else ''}){proof}"
+    else:
+        action = "; and ".join(_action(c, facts) for c in out.culprits)
+        args = {"action": action}
+    ex.code = code
+    ex.fix_args = {**args, "proof": proof}
+    ex.evidence["classified_from"] = f"experiment: {names}"

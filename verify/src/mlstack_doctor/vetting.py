@@ -114,6 +114,50 @@ def _pin_differs(result: Result, results: dict[str, Result]) -> str | None:
     return None
 
 
+# An API the installed package lacks: the evidence of a version incompatibility.
+_API_MISSING = re.compile(
+    r"has no attribute|cannot import name|unexpected keyword argument|takes \d+ positional|"
+    r"No module named '(triton|torch|fla)\.[\w.]+'"
+)
+
+
+def _versions_named(result: Result, results: dict[str, Result]) -> str | None:
+    """A fix that changes installed versions needs evidence of a version incompatibility: an API the
+    package lacks, a rule of the stack policy, or torch's own triton pin overridden where no profile
+    declares (and so proves) the override."""
+    text = f"{result.evidence.get('exception') or ''}\n{result.evidence.get('stderr_tail') or ''}"
+    if _API_MISSING.search(text):
+        return None
+    pin = results.get("torch_triton_pin")
+    if pin is not None and pin.code == "TRITON_PIN_OVERRIDDEN":  # an override no profile declares
+        return None
+    versions = results.get("package_versions")
+    if versions is not None and versions.code == "STACK_POLICY_RULE":
+        return None
+    if "torch_triton_pin" not in results and _pin_differs(result, results) is None and _torch_pin()[0]:
+        return None  # not checked in this run (--only): the metadata shows the pin differing
+    return (
+        "the evidence names no version incompatibility (no API the package lacks, no policy rule, torch's "
+        "triton pin not failing)"
+    )
+
+
+def _pin_and_versions(result: Result, results: dict[str, Result]) -> str | None:
+    return _pin_differs(result, results) or _versions_named(result, results)
+
+
+def _fresh_cache_proven(result: Result, results: dict[str, Result]) -> str | None:
+    """ "Retry with a fresh cache" only where a fresh cache was tried and passed (the experiment)."""
+    if not re.search(r"fresh (TRITON_CACHE_DIR|cache)", result.fix or ""):
+        return None
+    found = result.evidence.get("experiment") or {}
+    if found.get("confirmed") and any(c.get("kind") == "cache" for c in found.get("culprits") or []):
+        return None
+    if found.get("baseline") == "fail":
+        return "the probe failed with a fresh private cache too (evidence.experiment)"
+    return "no rerun with a fresh cache passed"
+
+
 def _weights_loaded(result: Result, results: dict[str, Result]) -> str | None:
     if result.name == "model_forward" and not result.evidence.get("weights_dir"):
         return "no weights were loaded (a random-init model from the config)"
@@ -151,8 +195,8 @@ def _filled(*names: str) -> Premise:
 
 PREMISES: dict[str, Premise] = {
     "CUDA_UNAVAILABLE": _driver_broken,
-    "TORCH_COMPILE_FAILED": _pin_differs,
-    "TORCH_COMPILE_MISMATCH": _pin_differs,
+    "TORCH_COMPILE_FAILED": _pin_and_versions,
+    "TORCH_COMPILE_MISMATCH": _pin_and_versions,
     "MODEL_LOAD_FAILED": _weights_loaded,
     "TRITON_NO_DRIVER": _torch_without_cuda,
     "FLA_ON_CPU": _triton_exception,
@@ -177,6 +221,7 @@ def vet_premise(result: Result, results: dict[str, Result]) -> Result:
     """`result` with a fix whose premise the evidence lacks replaced by "cause not determined"."""
     check = PREMISES.get(result.code or "")
     why = check(result, results) if check and result.fix else None
+    why = why or (_fresh_cache_proven(result, results) if result.fix else None)
     if not why:
         return result
     result.evidence["rejected_fix"] = {"fix": result.fix, "why": [why]}

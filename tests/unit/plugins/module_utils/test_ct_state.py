@@ -305,3 +305,47 @@ def test_libcuda_as_the_linker_cache_resolves_it(
 def test_libcuda_unreadable_cache_differs() -> None:
     found, why = ct_state.check_libcuda({}, lambda argv: (1, "", "ldconfig: Can't open cache file\n"))
     assert found is None and why is not None and why.endswith("exited 1: ldconfig: Can't open cache file")
+
+
+def test_free_adds_up_the_needs_of_one_filesystem(tmp_path: Path) -> None:
+    st = os.statvfs(tmp_path)
+    free = st.f_bavail * st.f_frsize
+    (tmp_path / "a").mkdir()
+    # Two folders of one filesystem, and one not made yet (measured at its nearest existing folder).
+    fits = {"paths": {str(tmp_path / "a"): 1, str(tmp_path / "not" / "yet"): 1}}
+    found, why = ct_state.check_free(fits)
+    assert why is None and found["short"] == []
+    assert set(found["free"]) == set(fits["paths"])
+    lacks = {"paths": {str(tmp_path / "a"): free, str(tmp_path / "not" / "yet"): free}}
+    found, why = ct_state.check_free(lacks)
+    assert why is None, "never a difference: the role decides"
+    [short] = found["short"]
+    assert short["path"] == f"{tmp_path / 'a'} and {tmp_path / 'not' / 'yet'}"
+    assert short["need"] == 2 * free and 0 < short["free"] <= free * 1.01 + 1048576
+
+
+AUDIT = """\
+The following packages have been unpacked but not yet configured.
+They must be configured using dpkg --configure or the configure
+menu option in dselect for them to work:
+ g++                  GNU C++ compiler
+The following packages are only half installed, due to problems during
+installation.  The installation can probably be completed by retrying it;
+the packages can be removed using dselect or dpkg --remove:
+ g++-12               GNU C++ compiler
+"""
+
+
+@pytest.mark.parametrize(
+    ("out", "found", "why"),
+    [
+        ("", [], None),
+        (AUDIT, ["g++", "g++-12"], "left half-done by an interrupted dpkg: g++ g++-12"),
+    ],
+)
+def test_dpkg_audit(out: str, found: list[str], why: str | None) -> None:
+    def dpkg(argv: list[str]) -> tuple[int, str, str]:
+        assert argv == ["dpkg", "--audit"]
+        return (1 if out else 0), out, ""
+
+    assert ct_state.check_dpkg_audit({}, dpkg) == (found, why)

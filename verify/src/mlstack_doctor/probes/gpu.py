@@ -7,11 +7,12 @@ triton_target always runs in its own process with a fresh cache, started early, 
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from typing import Any
 
-from mlstack_doctor import runner, runtime
+from mlstack_doctor import experiment, runner, runtime
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
 from mlstack_doctor.record import Result, Stage, failed, passed, warned
@@ -72,30 +73,38 @@ def failure_code(res: runner.WorkerResult, default: str, text: str) -> str:
     return classify(text, default)
 
 
-# Probes whose worker can run again on its own, cheaply, for the reduced-environment rerun.
-RERUN = {"torch_cuda", "fla_device", "fla_kernel", "gdn_backward", "torch_compile"}
-RERUN_CODE = {"PYTORCH_CUDA_ALLOC_CONF": "ALLOC_CONF_INVALID", "PYTORCH_ALLOC_CONF": "ALLOC_CONF_INVALID"}
+# Each probe's worker as it runs on its own: what the experiment reruns (runtime.by_experiment).
+RERUN: dict[str, tuple[str, dict[str, Any]]] = {
+    "torch_cuda": OPS["torch_cuda"],
+    "triton_target": ("w_triton_target.py", {}),
+    "fla_device": OPS["fla_device"],
+    "fla_kernel": OPS["fla_kernel"],
+    "gdn_backward": OPS["gdn_backward"],
+    "torch_compile": ("w_compile.py", {"device": "cuda"}),
+}
 
 
-def _rerun(ctx: Context, name: str, res: runner.WorkerResult, ex: runtime.Explained) -> None:
-    """A worker that died with no cause named: run it once more without the stack's settings, and say
-    which one makes the difference (ex is updated in place)."""
-    if name not in RERUN or ctx.facts.get("reran"):
+def experiment_for(ctx: Context, name: str, res: runner.WorkerResult, ex: runtime.Explained) -> None:
+    """A failure no rule explains: rerun the probe's worker in a clean baseline and narrow the
+    differences (experiment.py); one experiment per worker and its args (ex is updated in place)."""
+    if name not in RERUN or not runtime.wants_experiment(res, ex):
         return
-    ctx.facts["reran"] = name  # once per run: each rerun imports torch again
-    script, extra = OPS[name]
-    args = {"device": "cuda"} if name == "torch_compile" else {}
-    found = runtime.reduced_rerun(script, {**args, **extra}, ctx.timeout(180))
-    ex.evidence["reduced_env_rerun"] = found
-    var = found.get("culprit")
-    if var:
-        ex.code = RERUN_CODE.get(var, "ENV_SETTING_FAULT")
-        ex.fix_args = runtime.fix_args(ex.code, {}, ctx.facts) if ex.code != "ENV_SETTING_FAULT" else {}
-        ex.fix_args.setdefault("var", var)
-    elif found.get("passed") is False:
-        ex.evidence["reduced_env_rerun"]["verdict"] = (
-            "still fails without the stack's settings: not one of them"
-        )
+    if ex.code == "GPU_OUT_OF_MEMORY":
+        held = ex.evidence["gpu_memory"] = _memory(res)
+        if held.get("held_outside_gib", 0) > 0.25 * held.get("total_gib", 0):
+            return  # the evidence names the load: others hold the memory; no setting is suspected
+    script, args = RERUN[name]
+    key = f"{script} {json.dumps(args, sort_keys=True)}"
+    trial = experiment.worker_trial(script, args, ctx.timeout(300))
+    runtime.by_experiment(ex, ctx.facts, key, trial)
+
+
+def _memory(res: runner.WorkerResult) -> dict[str, Any]:
+    """Who holds the GPU's memory: torch's own message, and NVML's list of processes."""
+    nvml = runner.run_worker("w_nvml.py", {"mode": "memory"}, timeout=30)
+    return runtime.memory_held(
+        res.error_text + "\n" + res.run.stderr[-20000:], nvml.data or {"error": "no answer"}
+    )
 
 
 def _fail(
@@ -115,8 +124,7 @@ def _fail(
     if earlier:
         ev = {**ev, "session_import_errors": earlier}
     ex = runtime.explain(res, default, ctx.facts, also="\n".join(earlier.values()))
-    if ex.code == "PROBE_CRASHED":
-        _rerun(ctx, name, res, ex)
+    experiment_for(ctx, name, res, ex)
     code = ex.code
     ev = {**ev, **res.evidence(), **ex.evidence}
     exception = res.error_text.strip()
@@ -132,6 +140,12 @@ def _fail(
         exception=exception.splitlines()[-1][:300] if exception else "no exception text",
         **{**(fix_args or {}), **ex.fix_args},
     )
+    if code == "GPU_OUT_OF_MEMORY":
+        held = ex.evidence.get("gpu_memory") or _memory(res)
+        ev["gpu_memory"] = held
+        if runtime.memory_sentence(held):
+            fix += f" ({runtime.memory_sentence(held)})"
+    fix += runtime.experiment_note(ex.evidence.get("experiment"))
     if code == "PROBE_CRASHED" and ex.evidence.get("signal"):  # what the signal's victim said last
         last = ex.fix_args.get("last", "none")
         fix += f" (the worker died of {ex.evidence['signal']}; its last lines: {last})"

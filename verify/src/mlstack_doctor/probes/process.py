@@ -135,7 +135,7 @@ def identity_findings(ident: dict[str, Any]) -> list[Finding]:
                 "HOME_UNUSABLE",
                 ident["home_problem"]
                 + ": caches that default under ~ (~/.triton, ~/.cache) cannot be written",
-                fix_for("HOME_UNUSABLE"),
+                fix_for("HOME_UNUSABLE", alternative="", proof=""),
                 ["~/.triton", "expanduser"],
             )
         )

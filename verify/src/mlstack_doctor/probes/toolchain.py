@@ -15,9 +15,10 @@ import shutil
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-from mlstack_doctor import runner, vetting
+from mlstack_doctor import experiment, runner, runtime, vetting
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
 from mlstack_doctor.record import Result, Stage, failed, passed, warned
@@ -127,6 +128,61 @@ def python_headers(ctx: Context) -> Result:
     return passed(name, stage, f"{header}", **ev)
 
 
+def build_extension(
+    cc: str,
+    include_dir: str,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    preexec: Callable[[], None] | None = None,
+) -> tuple[list[str], runner.RunResult, runner.RunResult | None]:
+    """Build a tiny extension with Python.h in a fresh folder of the TMPDIR `env` names, and import it:
+    (the build's argv, the build, the import or None when the build failed)."""
+    where = (env.get("TMPDIR") or None) if env is not None else None  # this process: tempfile's choice
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    with tempfile.TemporaryDirectory(prefix="mlstack-doctor-cc-", dir=where) as tmp:
+        src = os.path.join(tmp, "mlstack_doctor_probe.c")
+        so = os.path.join(tmp, "mlstack_doctor_probe" + suffix)
+        Path(src).write_text(PROBE_C, encoding="utf-8")
+        argv = [cc, src, "-O3", "-shared", "-fPIC", "-Wno-psabi", "-o", so, f"-I{include_dir}"]
+        build = runner.run(argv, timeout=timeout, env=env, preexec=preexec)
+        if not build.ok:
+            return argv, build, None
+        load = runner.run(
+            [sys.executable, "-c", f"import sys; sys.path.insert(0, {tmp!r}); import mlstack_doctor_probe"],
+            timeout=timeout,
+            env=env,
+            preexec=preexec,
+        )
+    return argv, build, load
+
+
+def _build_trial(cc: str, include_dir: str, timeout: float) -> experiment.Trial:
+    def trial(env: dict[str, str], preexec: Callable[[], None] | None) -> tuple[bool, str]:
+        try:
+            _, build, load = build_extension(cc, include_dir, timeout, env, preexec)
+        except OSError as exc:  # the TMPDIR of this setting cannot take the folder
+            return False, f"{type(exc).__name__}: {exc}"
+        if load is None:
+            return False, build.tail(300)
+        return load.ok, "" if load.ok else load.tail(300)
+
+    return trial
+
+
+def _by_experiment(
+    ctx: Context, cc: str, include_dir: str, ev: dict[str, object], code: str, fix: str
+) -> tuple[str, str]:
+    """(code, fix) for a build no rule explains: the experiment's confirmed cause, else `code` and `fix`
+    with what the experiment ruled out (its evidence goes to `ev`)."""
+    ex = runtime.Explained(code)
+    trial = _build_trial(cc, include_dir, ctx.timeout(120))
+    runtime.by_experiment(ex, ctx.facts, f"c_extension_build {cc} {include_dir}", trial)
+    ev.update(ex.evidence)
+    if ex.code == code:
+        return code, fix + runtime.experiment_note(ex.evidence.get("experiment"))
+    return ex.code, fix_for(ex.code, **ex.fix_args)
+
+
 def c_extension_build(ctx: Context) -> Result:
     """Build and import a tiny extension with Python.h, the way Triton builds cuda_utils (minus -lcuda)."""
     name, stage = "c_extension_build", Stage.TOOLCHAIN
@@ -134,45 +190,43 @@ def c_extension_build(ctx: Context) -> Result:
     include_dir = str(ctx.facts.get("include_dir") or python_include_dir())
     if cc is None:  # only when run alone (--only): c_compiler would have gated it
         return failed(name, stage, "no C compiler", "NO_C_COMPILER", fix_for("NO_C_COMPILER"))
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    with tempfile.TemporaryDirectory(prefix="mlstack-doctor-cc-") as tmp:
-        src = os.path.join(tmp, "mlstack_doctor_probe.c")
-        so = os.path.join(tmp, "mlstack_doctor_probe" + suffix)
-        Path(src).write_text(PROBE_C, encoding="utf-8")
-        argv = [cc, src, "-O3", "-shared", "-fPIC", "-Wno-psabi", "-o", so, f"-I{include_dir}"]
-        build = runner.run(argv, timeout=ctx.timeout(120))
-        ev: dict[str, object] = {
-            "command": " ".join(argv),
-            "rc": build.rc,
-            "compiler_output": build.tail(2000),
-        }
-        if not build.ok:
-            code = classify(build.stderr + build.stdout, "C_COMPILER_BROKEN", compiler_env=True)
-            if code == "NO_PYTHON_H":
-                fix = _headers_fix(include_dir, sys.base_prefix, ctx.py_ver)
-            elif code == "C_COMPILER_BROKEN" and NO_ASSEMBLER.search(build.stderr + build.stdout):
-                ev["missing_tool"] = "as"
-                fix = "apt-get install -y binutils  # gcc found no assembler ('as')"
-            else:
-                fix = fix_for(code)
-            return failed(
-                name, stage, f"building a Python extension failed: {build.tail(300)}", code, fix, **ev
-            )
-        load = runner.run(
-            [sys.executable, "-c", f"import sys; sys.path.insert(0, {tmp!r}); import mlstack_doctor_probe"],
-            timeout=ctx.timeout(60),
+    try:
+        argv, build, load = build_extension(cc, include_dir, ctx.timeout(120))
+    except OSError as exc:  # the temporary folder or the source cannot be written
+        ev0: dict[str, object] = {"error": f"{type(exc).__name__}: {exc}"}
+        code, fix = _by_experiment(
+            ctx,
+            cc,
+            include_dir,
+            ev0,
+            "TMPDIR_UNUSABLE",
+            fix_for("TMPDIR_UNUSABLE", tmpdir=tempfile.gettempdir(), alternative="", proof=""),
         )
-        ev["import_rc"] = load.rc
-        if not load.ok:
-            ev["import_error"] = load.tail(2000)
-            return failed(
-                name,
-                stage,
-                "the built extension does not import",
-                "C_COMPILER_BROKEN",
-                fix_for("C_COMPILER_BROKEN"),
-                **ev,
-            )
+        return failed(name, stage, f"cannot write the build's files: {exc}", code, fix, **ev0)
+    ev: dict[str, object] = {
+        "command": " ".join(argv),
+        "rc": build.rc,
+        "compiler_output": build.tail(2000),
+    }
+    if load is None:
+        code = classify(build.stderr + build.stdout, "C_COMPILER_BROKEN", compiler_env=True)
+        if code == "NO_PYTHON_H":
+            fix = _headers_fix(include_dir, sys.base_prefix, ctx.py_ver)
+        elif code == "C_COMPILER_BROKEN" and NO_ASSEMBLER.search(build.stderr + build.stdout):
+            ev["missing_tool"] = "as"
+            fix = "apt-get install -y binutils  # gcc found no assembler ('as')"
+        else:
+            fix = fix_for(code)
+            if code == "C_COMPILER_BROKEN":  # no rule knows the compiler's words
+                code, fix = _by_experiment(ctx, cc, include_dir, ev, code, fix)
+        return failed(name, stage, f"building a Python extension failed: {build.tail(300)}", code, fix, **ev)
+    ev["import_rc"] = load.rc
+    if not load.ok:
+        ev["import_error"] = load.tail(2000)
+        code, fix = _by_experiment(
+            ctx, cc, include_dir, ev, "C_COMPILER_BROKEN", fix_for("C_COMPILER_BROKEN")
+        )
+        return failed(name, stage, "the built extension does not import", code, fix, **ev)
     return passed(
         name, stage, f"built and imported a Python extension with {cc} in {build.duration_s:.1f} s", **ev
     )
@@ -218,7 +272,9 @@ def try_dir(
             raise
         flags = os.statvfs(path).f_flag
     except OSError as exc:
-        code = "TRITON_CACHE_FULL" if exc.errno == errno.ENOSPC else "TRITON_CACHE_UNWRITABLE"
+        code = {errno.ENOSPC: "TRITON_CACHE_FULL", errno.EFBIG: "RESOURCE_LIMIT_BREAKS"}.get(
+            exc.errno or 0, "TRITON_CACHE_UNWRITABLE"
+        )
         why = f"{type(exc).__name__}: {exc.strerror or exc}"
         vetting.note_path(facts, path, why)
         return code, why
@@ -263,15 +319,34 @@ def _candidates(failing: str) -> list[str]:
 
 def alternative(ctx: Context, var: str, failing: str, candidates: list[str]) -> tuple[str, list[str]]:
     """('export VAR=<a folder the doctor wrote to>; or ', tried) or, when none works, a sentence saying so."""
+    return alternative_in(ctx.facts, var, failing, candidates)
+
+
+def alternative_in(
+    facts: dict[str, object], var: str, failing: str, candidates: list[str]
+) -> tuple[str, list[str]]:
     tried = []
     for c in candidates:
         existed = os.path.isdir(c)
-        code, why = try_dir(ctx.facts, c)
+        code, why = try_dir(facts, c)
         tried.append(f"{c} ({why or 'usable'})")
         if code is None:
             mkdir = "" if existed else f"mkdir -p {c} && "
             return f"{mkdir}export {var}={c} (the doctor wrote there); or ", tried
     return f"no usable folder found for {var} (tried {', '.join(tried)}); ", tried
+
+
+def _file_size_limit(name: str, path: str, why: str | None, ev: dict[str, object]) -> Result:
+    """A write of the doctor's own failed with EFBIG: the file-size limit, named by the errno itself."""
+    ev["error"] = why
+    return failed(
+        name,
+        Stage.TOOLCHAIN,
+        f"a {PROBE_BYTES >> 20} MiB write to {path} failed: {why} (the file-size limit, ulimit -f)",
+        "RESOURCE_LIMIT_BREAKS",
+        fix_for("RESOURCE_LIMIT_BREAKS", action=runtime.limit_action("file_size"), proof=f" ({path}: {why})"),
+        **ev,
+    )
 
 
 def triton_cache_dir(ctx: Context) -> Result:
@@ -280,6 +355,8 @@ def triton_cache_dir(ctx: Context) -> Result:
     ev: dict[str, object] = {"cache_dir": path, "source": source}
     ctx.facts["triton_cache_dir"] = path
     code, why = try_dir(ctx.facts, path, keep=True)
+    if code == "RESOURCE_LIMIT_BREAKS":
+        return _file_size_limit(name, path, why, ev)
     if code is not None:
         ev["error"] = why
         alt, tried = alternative(ctx, "TRITON_CACHE_DIR", path, _candidates(path))
@@ -322,9 +399,12 @@ def tmpdir(ctx: Context) -> Result:
     name, stage = "tmpdir", Stage.TOOLCHAIN
     value = os.environ.get("TMPDIR")
     ev: dict[str, object] = {"TMPDIR": value}
-    if not value:
-        return passed(name, stage, "TMPDIR unset: /tmp is used", **ev)
-    code, why = try_dir(ctx.facts, value, create=False)
+    code, why = try_dir(ctx.facts, value or "/tmp", create=False)  # a real write, not only the name
+    if code == "RESOURCE_LIMIT_BREAKS":
+        return _file_size_limit(name, value or "/tmp", why, ev)
+    if not value and code in (None, "TRITON_CACHE_NOEXEC"):
+        return passed(name, stage, "TMPDIR unset: /tmp is used, and writable", **ev)
+    value = value or "/tmp"
     if code in (None, "TRITON_CACHE_NOEXEC"):  # builds only write there; the .so is loaded from the cache
         return passed(name, stage, f"TMPDIR={value} is writable", **ev)
     ev["error"] = why
@@ -336,6 +416,6 @@ def tmpdir(ctx: Context) -> Result:
         stage,
         f"TMPDIR={value} is unusable ({why}): gcc and Triton's builds write their temporary files there",
         "TMPDIR_UNUSABLE",
-        fix_for("TMPDIR_UNUSABLE", tmpdir=value, alternative=alt),
+        fix_for("TMPDIR_UNUSABLE", tmpdir=value, alternative=alt, proof=""),
         **ev,
     )

@@ -25,11 +25,22 @@ class _Memory(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
 
+class _Process(ctypes.Structure):  # nvmlProcessInfo_v2_t
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
 def check(args: dict[str, Any]) -> dict[str, Any]:
     try:
         lib = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError as exc:
         return {"ok": False, "error": f"OSError: cannot load libnvidia-ml.so.1: {exc}", "stage": "load"}
+    if args.get("mode") == "memory":
+        return memory(lib)
     rc = lib.nvmlInit_v2()
     if rc != 0:
         return {
@@ -58,6 +69,45 @@ def check(args: dict[str, Any]) -> dict[str, Any]:
         "gpus": gpus,
         "library": _loaded_path(),
     }
+
+
+def memory(lib: ctypes.CDLL) -> dict[str, Any]:
+    """Per GPU: memory total/used/free and the compute processes holding it (pid, bytes, command; a pid
+    of another PID namespace, as from inside a container, has no command here)."""
+    rc = lib.nvmlInit_v2()
+    if rc != 0:
+        return {"ok": False, "error": f"nvmlInit_v2 failed: {NVML_ERRORS.get(rc, rc)}"}
+    count = ctypes.c_uint(0)
+    lib.nvmlDeviceGetCount_v2(ctypes.byref(count))
+    gpus = []
+    for i in range(count.value):
+        handle = ctypes.c_void_p()
+        if lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0:
+            continue
+        mem = _Memory()
+        lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem))
+        gpu: dict[str, Any] = {"index": i, "total": mem.total, "used": mem.used, "free": mem.free}
+        get = getattr(lib, "nvmlDeviceGetComputeRunningProcesses_v2", None)
+        n = ctypes.c_uint(64)
+        procs = (_Process * 64)()
+        prc = get(handle, ctypes.byref(n), procs) if get else 3
+        if prc == 0:
+            gpu["processes"] = [
+                {"pid": p.pid, "used": p.usedGpuMemory, "command": _command(p.pid)} for p in procs[: n.value]
+            ]
+        else:
+            gpu["processes_error"] = NVML_ERRORS.get(prc, str(prc))
+        gpus.append(gpu)
+    lib.nvmlShutdown()
+    return {"gpus": gpus}
+
+
+def _command(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200] or None
+    except OSError:
+        return None
 
 
 def _text(fn: Any, handle: ctypes.c_void_p) -> str | None:

@@ -1,0 +1,279 @@
+"""Diagnosis by experiment: a failure no rule explains is rerun in a clean baseline, its differences
+narrowed and the culprit confirmed by restoring it alone. Real processes throughout: the doctor itself
+(a resource limit set in its process, a start-up hook on its PYTHONPATH) building a real extension with
+gcc, and worker scripts run as the GPU probes' workers are."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+import pytest
+from doctor_testlib import doctor_env, run_doctor
+from mlstack_doctor import experiment, runner, vetting
+from mlstack_doctor.context import Context, Options
+from mlstack_doctor.probes import gpu
+from mlstack_doctor.record import Result, Stage, Status, failed, passed, warned
+
+# gcc's .so of the build probe is ~16 KiB: ld dies of SIGXFSZ under this limit; the doctor's own files fit
+SMALL_FILES = 8 * 1024
+
+
+def _small_files() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (SMALL_FILES, resource.RLIM_INFINITY))
+
+
+def _env(hook: Path | None = None) -> dict[str, str]:
+    """The doctor's environment; it writes no bytecode (CPython cuts a .pyc short under RLIMIT_FSIZE
+    and leaves it behind for every later import)."""
+    env = doctor_env({"PYTHONDONTWRITEBYTECODE": "1"})
+    if hook is not None:
+        env["PYTHONPATH"] = f"{env['PYTHONPATH']}:{hook}"
+    return env
+
+
+# A start-up hook that breaks only the import of the probe's extension (a rule has nothing to read)
+HOOK = """import sys
+class _Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.endswith("_probe"):
+            raise ImportError("a site policy refuses " + name)
+        return None
+sys.meta_path.insert(0, _Refuse())
+"""
+
+
+def _hook(tmp_path: Path) -> Path:
+    d = tmp_path / "site-hook"
+    d.mkdir()
+    (d / "sitecustomize.py").write_text(HOOK)
+    return d
+
+
+def _culprits(p: dict) -> list[tuple[str, str]]:
+    return [(c["kind"], c["name"]) for c in p["evidence"]["experiment"]["culprits"]]
+
+
+def test_a_file_size_limit_is_found_and_confirmed() -> None:
+    run = run_doctor("--no-gpu", "--only", "c_extension_build", env=_env(), preexec=_small_files)
+    p = run.probe("c_extension_build")
+    exp = p["evidence"]["experiment"]
+    assert p["code"] == "RESOURCE_LIMIT_BREAKS", p
+    assert exp["baseline"] == "pass" and exp["confirmed"] is True
+    assert _culprits(p) == [("limit", "file_size")] and exp["culprits"][0]["value"] == str(SMALL_FILES)
+    assert "ulimit -f unlimited" in p["fix"] and "LimitFSIZE" in p["fix"]
+    assert exp["reruns"] == len(exp["runs"]) <= experiment.BUDGET["reruns"]
+
+
+def test_a_startup_hook_that_breaks_the_import_is_named(tmp_path: Path) -> None:
+    hook = _hook(tmp_path)
+    run = run_doctor("--no-gpu", "--only", "c_extension_build", env=_env(hook))
+    p = run.probe("c_extension_build")
+    assert p["code"] == "STARTUP_HOOK_BREAKS", p
+    assert _culprits(p) == [("startup", str(hook / "sitecustomize.py"))]
+    assert str(hook / "sitecustomize.py") in p["fix"] and p["evidence"]["experiment"]["confirmed"]
+
+
+def test_two_faults_at_once_are_both_named(tmp_path: Path) -> None:
+    hook = _hook(tmp_path)
+    run = run_doctor("--no-gpu", "--only", "c_extension_build", env=_env(hook), preexec=_small_files)
+    p = run.probe("c_extension_build")
+    assert sorted(_culprits(p)) == [("limit", "file_size"), ("startup", str(hook / "sitecustomize.py"))], p
+    assert p["evidence"]["experiment"]["confirmed"]
+    assert "ulimit -f" in p["fix"] and str(hook / "sitecustomize.py") in p["fix"]
+
+
+def test_a_passing_run_pays_nothing() -> None:
+    ctx = Context(Options(expect_gpu=False, only=["c_extension_build"]))
+    from mlstack_doctor import engine
+
+    results = engine.run(ctx)
+    assert results[0].status.value == "pass"
+    assert "experiments" not in ctx.facts and "experiment_budget" not in ctx.facts
+    assert "experiment" not in results[0].evidence
+
+
+# ---- the GPU probes' workers, as scripts of a workers folder the test writes ----------------------
+
+
+def _workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> None:
+    """workers/w_fla.py (the fla_kernel probe's worker) running `body` as its check."""
+    workers = tmp_path / "workers"
+    workers.mkdir()
+    (workers / "_common.py").write_text((Path(runner.WORKERS_DIR) / "_common.py").read_text())
+    (workers / "w_fla.py").write_text(
+        "import os, sys\nfrom _common import main\ndef check(args):\n"
+        + "".join("    " + ln + "\n" for ln in body.splitlines())
+        + "    return {}\nif __name__ == '__main__':\n    main(check)\n"
+    )
+    monkeypatch.setattr(runner, "WORKERS_DIR", workers)
+
+
+def _fla_kernel(ctx: Context) -> tuple[runner.WorkerResult, object]:
+    res = runner.run_worker("w_fla.py", {"mode": "kernel"}, timeout=60)
+    assert not res.ok, res.run.stderr
+    return res, gpu._fail(
+        "fla_kernel", Stage.FLA, ctx, res, "FLA_KERNEL_FAILED", "chunk_gated_delta_rule failed"
+    )
+
+
+def test_a_variable_no_rule_knows_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _workers(
+        tmp_path,
+        monkeypatch,
+        "if os.environ.get('TRITON_ALWAYS_COMPILE_SERIAL') == '1':\n"
+        "    raise RuntimeError('PassManager::run failed')",
+    )
+    monkeypatch.setenv("TRITON_ALWAYS_COMPILE_SERIAL", "1")
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")  # a difference that is not the cause
+    _, res = _fla_kernel(Context(Options()))
+    exp = res.evidence["experiment"]
+    assert res.code == "ENV_SETTING_BREAKS" and exp["confirmed"], exp
+    assert ("env", "TRITON_ALWAYS_COMPILE_SERIAL") in [(c["kind"], c["name"]) for c in exp["culprits"]]
+    assert "NCCL_DEBUG" in exp["ruled_out"] and "unset TRITON_ALWAYS_COMPILE_SERIAL" in res.fix
+    assert "fresh TRITON_CACHE_DIR" not in res.fix
+
+
+def test_a_failure_that_comes_and_goes_is_not_attributed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Load: the first rerun passes (the other process has not started yet), every later one fails
+    whatever the settings; the narrowing pins it on something, the confirmation does not hold."""
+    count = tmp_path / "runs"
+    _workers(
+        tmp_path,
+        monkeypatch,
+        f"p = {str(count)!r}\n"
+        "n = int(open(p).read()) if os.path.exists(p) else 0\n"
+        "open(p, 'w').write(str(n + 1))\n"
+        "if n != 2:\n"
+        "    raise RuntimeError('CUDA error: an illegal memory access was encountered')",
+    )
+    monkeypatch.setenv("TRITON_ALWAYS_COMPILE_SERIAL", "1")
+    ctx = Context(Options())
+    _, res = _fla_kernel(ctx)  # run 0 fails; of the reruns only the baseline (run 2) passes
+    exp = res.evidence["experiment"]
+    assert exp["confirmed"] is False and res.code == "FLA_KERNEL_FAILED", exp
+    assert "TRITON_ALWAYS_COMPILE_SERIAL" not in res.fix
+
+
+def test_the_baseline_failing_too_rules_the_settings_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _workers(tmp_path, monkeypatch, "raise RuntimeError('an internal compiler error')")
+    monkeypatch.setenv("TRITON_ALWAYS_COMPILE_SERIAL", "1")
+    _, res = _fla_kernel(Context(Options()))
+    exp = res.evidence["experiment"]
+    assert exp["baseline"] == "fail" and not exp["confirmed"] and not exp["culprits"]
+    assert "TRITON_ALWAYS_COMPILE_SERIAL" in exp["ruled_out"]
+    assert res.code == "FLA_KERNEL_FAILED" and "not in this process's settings" in res.fix
+    assert "TRITON_ALWAYS_COMPILE_SERIAL" in res.fix
+
+
+def test_one_experiment_per_worker_and_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second failure of the same worker reuses the experiment; nothing reruns."""
+    _workers(
+        tmp_path, monkeypatch, "if os.environ.get('TORCHINDUCTOR_MAX_AUTOTUNE') == 'x':\n    sys.exit(3)"
+    )
+    monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "x")
+    ctx = Context(Options())
+    first_res, first = _fla_kernel(ctx)
+    spent = ctx.facts["experiment_budget"].reruns
+    second = gpu._fail("fla_kernel", Stage.FLA, ctx, first_res, "FLA_KERNEL_FAILED", "again")
+    assert first.code == second.code == "ENV_SETTING_BREAKS"
+    assert ctx.facts["experiment_budget"].reruns == spent
+
+
+# torch 2.11's OutOfMemoryError, with another process holding most of the GPU (as seen on the H100)
+OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total capacity "
+    "of 79.19 GiB of which 5.20 GiB is free. Process 4242 has 73.00 GiB memory in use. Including "
+    "non-PyTorch memory, this process has 990.00 MiB memory in use. Of the allocated memory 200.00 MiB "
+    "is allocated by PyTorch, and 20.00 MiB is reserved by PyTorch but unallocated. If reserved but "
+    "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+    "fragmentation."
+)
+
+
+def test_memory_others_hold_is_named_not_a_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _workers(tmp_path, monkeypatch, f"raise RuntimeError({OOM!r})")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    _, res = _fla_kernel(Context(Options()))
+    held = res.evidence["gpu_memory"]
+    assert res.code == "GPU_OUT_OF_MEMORY", res.code
+    assert held["held_outside_gib"] == pytest.approx(73.02, abs=0.05) and held["processes"][0]["pid"] == 4242
+    assert "held outside this process" in res.fix and "pid 4242" in res.fix
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in res.fix
+    assert "experiment" not in res.evidence  # the evidence names the load: nothing reruns
+
+
+def test_the_differences_are_the_settings_of_this_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TRITON_DEBUG", "1")
+    monkeypatch.setenv("CC", "/usr/bin/gcc")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("PYTHONSTARTUP", str(tmp_path / "startup.py"))
+    found = {(d.kind, d.name) for d in experiment.differences()}
+    assert {("env", "TRITON_DEBUG"), ("env", "CC"), ("tmpdir", str(tmp_path))} <= found
+    assert ("startup", str(tmp_path / "startup.py")) in found
+    assert not any(d.name == "PATH" for d in experiment.differences())
+    env, _ = experiment.setting(experiment.differences(), (), str(tmp_path))
+    assert "TRITON_DEBUG" not in env and "CC" not in env and env["TMPDIR"] != str(tmp_path)
+    assert sys.executable  # the baseline keeps the interpreter: PATH and the rest are untouched
+
+
+def test_a_write_cut_short_by_the_file_size_limit_names_the_limit() -> None:
+    """The doctor's own 1 MiB write to TMPDIR (unset: /tmp, checked by a real write too) and to the
+    Triton cache fails with EFBIG: the errno names the limit; no folder is blamed."""
+    env = _env()
+    env.pop("TMPDIR", None)
+    run = run_doctor("--no-gpu", "--only", "tmpdir,triton_cache_dir", env=env, preexec=_small_files)
+    for name in ("tmpdir", "triton_cache_dir"):
+        p = run.probe(name)
+        assert p["code"] == "RESOURCE_LIMIT_BREAKS" and "ulimit -f unlimited" in p["fix"], p
+    assert "/tmp" in run.probe("tmpdir")["fix"]
+
+
+def _compile_failed(exception: str) -> Result:
+    return failed(
+        "torch_compile",
+        Stage.TORCH,
+        "torch.compile failed",
+        "TORCH_COMPILE_FAILED",
+        "/usr/bin/python3 -m pip install 'triton==3.6.0'",
+        exception=exception,
+    )
+
+
+@pytest.mark.parametrize(
+    "exception,pin,kept",
+    [
+        # a declared override (the profile's proof) and no version named: rejected
+        ("RuntimeError: PassManager::run failed", Status.PASS, False),
+        ("AttributeError: module 'triton' has no attribute 'knobs'", Status.PASS, True),  # an API lacking
+        ("RuntimeError: PassManager::run failed", Status.WARN, True),  # an override no profile declares
+    ],
+)
+def test_a_version_change_needs_a_version_incompatibility(exception: str, pin: Status, kept: bool) -> None:
+    ev = {"torch_pins_triton": "3.6.0", "triton": "3.7.1"}
+    pin_result = (
+        passed("torch_triton_pin", Stage.PACKAGES, "declared", override="3.7.1", **ev)
+        if pin is Status.PASS
+        else warned("torch_triton_pin", Stage.PACKAGES, "undeclared", "TRITON_PIN_OVERRIDDEN", "x", **ev)
+    )
+    res = vetting.vet(_compile_failed(exception), {}, {"torch_triton_pin": pin_result})
+    assert ("pip install" in res.fix) is kept, res.fix
+
+
+def test_a_fresh_cache_is_advised_only_after_one_passed() -> None:
+    res = failed(
+        "fla_kernel",
+        Stage.FLA,
+        "x",
+        "FLA_KERNEL_FAILED",
+        "retry with a fresh TRITON_CACHE_DIR",
+        experiment={"baseline": "fail", "culprits": [], "confirmed": False},
+    )
+    assert "fresh TRITON_CACHE_DIR" not in vetting.vet(res, {}, {}).fix

@@ -43,7 +43,18 @@ INVENTORY_NAME = {
 PROPERTY_KEYS = frozenset({"net0", "features"})
 # What a running container takes at once (LXC_FASTPLUG_OPTIONS, and memory/swap/net hotplugged).
 HOT_KEYS = frozenset(
-    {"cores", "memory", "swap", "hostname", "description", "onboot", "tags", "cpulimit", "cpuunits"}
+    {
+        "cores",
+        "memory",
+        "swap",
+        "hostname",
+        "description",
+        "onboot",
+        "tags",
+        "cpulimit",
+        "cpuunits",
+        "hookscript",
+    }
 )
 HOT_KEY = re.compile(r"^net\d+$")
 # devN/mpN: hotplugged only when new; a changed or removed one waits for the next start.

@@ -14,6 +14,9 @@ PCT = "/usr/sbin/pct"
 # Keys this project manages through pct: device passthrough and bind mount points, which are purged
 # (one not wanted is removed), and the settings an inventory states, which are not.
 MANAGED_KEY = re.compile(r"^(dev|mp)\d+$")
+# The options O(options) may hold: devN/mpN, and the guest hookscript the project sets on a GPU container
+# (root-only too, like devN), which is set but never purged (a container of the user's may have its own).
+OPTION_KEY = re.compile(r"^((dev|mp)\d+|hookscript)$")
 SETTING_KEY = re.compile(r"^(cores|memory|swap|hostname|onboot|description|tags|features|net0)$")
 
 

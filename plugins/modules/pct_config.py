@@ -22,7 +22,9 @@ options:
     type: int
     required: true
   options:
-    description: Desired keys, e.g. C(dev0) -> C(/dev/nvidia0,gid=44,mode=0666), C(mp0) -> C(/host,mp=/ct,ro=1).
+    description:
+      - Desired keys, e.g. C(dev0) -> C(/dev/nvidia0,gid=44,mode=0666), C(mp0) -> C(/host,mp=/ct,ro=1), and the
+        guest hookscript, C(hookscript) -> C(local:snippets/mlstack-gpu-hook) (never purged).
     type: dict
     required: true
   settings:
@@ -82,6 +84,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.mlstack.pve.plugins.module_utils.ct_plan import reconcile
 from ansible_collections.mlstack.pve.plugins.module_utils.pct import (
     MANAGED_KEY,
+    OPTION_KEY,
     SETTING_KEY,
     parse_pending,
     pending_command,
@@ -102,11 +105,11 @@ _UNSAFE_BY_KEY = {"description": _UNSAFE_TEXT, "tags": _UNSAFE_TAGS}
 def refused_values(options: dict[str, str], settings: dict[str, str]) -> list[str]:
     """What this module will not pass on, as messages."""
     out = []
-    bad = sorted(k for k in options if not MANAGED_KEY.match(k)) + sorted(
+    bad = sorted(k for k in options if not OPTION_KEY.match(k)) + sorted(
         k for k in settings if not SETTING_KEY.match(k)
     )
     if bad:
-        out.append(f"not a devN/mpN key or a managed setting: {', '.join(bad)}")
+        out.append(f"not a devN/mpN key, the hookscript or a managed setting: {', '.join(bad)}")
     unsafe = sorted(k for k, v in {**options, **settings}.items() if _UNSAFE_BY_KEY.get(k, _UNSAFE).search(v))
     if unsafe:
         out.append(f"refusing values with whitespace or shell metacharacters for: {', '.join(unsafe)}")

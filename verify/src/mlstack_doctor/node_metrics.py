@@ -11,7 +11,9 @@ refuses the whole file, and the container contributes nothing. Only the doctor's
 (metrics.FAMILIES), a vmid label the container wrote is dropped, and every sample gets
 vmid="<the container it was read from>". All containers go into one file (HELP and TYPE once per family),
 written atomically, with `mlstack_node_container_metrics_ok{vmid}` (1 read and parsed, 0 not) and
-`mlstack_node_metrics_last_run_timestamp_seconds`.
+`mlstack_node_metrics_last_run_timestamp_seconds`. The node's own word on containers whose start it refused
+(the GPU hookscript's status files, one per vmid in /run/mlstack/ct-start) becomes
+`mlstack_ct_start_blocked{vmid,reason}`.
 
 Exit 0 when the file was written, even when containers failed (their metric says so); 2 for bad
 arguments, a failing lxc-ls or an unwritable output (the previous file is left as it was).
@@ -45,7 +47,14 @@ NODE_FAMILIES: dict[str, str] = {
     "mlstack_node_metrics_last_run_timestamp_seconds": (
         "When python -m mlstack_doctor.node_metrics last wrote this file (Unix time)"
     ),
+    "mlstack_ct_start_blocked": (
+        "1 for a container whose last start the node's GPU hookscript refused, with its reason "
+        "(module_load_failed, device_missing, driver_missing, driver_version_changed); absent once it starts"
+    ),
 }
+# The GPU hookscript's refusals, one file per vmid (`reason=...` and `message=...` lines; the gpu_boot role).
+START_STATUS_DIR = "/run/mlstack/ct-start"
+REASON = re.compile(r"^[a-z][a-z_]{0,63}$")
 # A doctor.prom is a few KiB; more is not the doctor's, and is not held in memory.
 MAX_BYTES = 256 * 1024
 STDERR_KEEP = 2048
@@ -198,8 +207,32 @@ def node_samples(outcomes: Iterable[Outcome], now: float) -> list[Sample]:
     return samples
 
 
-def render_node(outcomes: Iterable[Outcome], now: float) -> str:
-    return render(node_samples(outcomes, now), {**NODE_FAMILIES, **FAMILIES})
+def blocked_starts(folder: str) -> list[Sample]:
+    """mlstack_ct_start_blocked{vmid,reason} for each refusal the hookscript left in `folder`."""
+    try:
+        names = sorted((n for n in os.listdir(folder) if n.isdigit()), key=int)
+    except OSError:
+        return []
+    samples = []
+    for vmid in names:
+        try:
+            with open(os.path.join(folder, vmid), encoding="utf-8", errors="replace") as f:
+                fields = dict(line.rstrip("\n").partition("=")[::2] for line in f.read(4096).splitlines())
+        except OSError:
+            continue
+        reason = fields.get("reason", "")
+        samples.append(
+            Sample(
+                "mlstack_ct_start_blocked",
+                (("vmid", vmid), ("reason", reason if REASON.match(reason) else "unknown")),
+                1.0,
+            )
+        )
+    return samples
+
+
+def render_node(outcomes: Iterable[Outcome], now: float, blocked: Iterable[Sample] = ()) -> str:
+    return render([*node_samples(outcomes, now), *blocked], {**NODE_FAMILIES, **FAMILIES})
 
 
 def _vmid_key(vmid: str) -> tuple[int, int, str]:
@@ -251,6 +284,12 @@ def _parser() -> argparse.ArgumentParser:
         "--containers", metavar="VMID,...", help="read these containers (default: lxc-ls --running -1)"
     )
     p.add_argument(
+        "--start-status-dir",
+        default=START_STATUS_DIR,
+        metavar="DIR",
+        help=f"the GPU hookscript's refused starts, one file per vmid (default {START_STATUS_DIR})",
+    )
+    p.add_argument(
         "--timeout", type=_positive, default=10.0, metavar="S", help="per container, in seconds (default 10)"
     )
     return p
@@ -274,7 +313,7 @@ def main(
     for o in outcomes:
         print(f"{o.vmid}: {o.note}")
     try:
-        write_atomic(args.out, render_node(outcomes, time.time()))
+        write_atomic(args.out, render_node(outcomes, time.time(), blocked_starts(args.start_status_dir)))
     except OSError as exc:
         sys.stderr.write(f"node_metrics: cannot write {args.out}: {exc}\n")
         return 2

@@ -43,9 +43,18 @@ BUDGET = {
 # the loader's, interpreter's and compiler's.
 PREFIXES = ("LD_", "PYTHON", "GCC_", "OPENBLAS_")
 NAMES = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CPATH", "C_INCLUDE_PATH", "LIBRARY_PATH")
-# Kept as they are: where the driver's libraries are found (a stub there is the rules' to name), and the
-# settings the doctor's workers need themselves.
-KEEP = ("LD_LIBRARY_PATH", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
+# Kept as they are: where the driver's libraries are found (a stub there is the rules' to name), which GPUs
+# the job runs on (a baseline on another GPU would prove nothing about this one; the rules judge these), and
+# the settings the doctor's workers need themselves.
+KEEP = (
+    "LD_LIBRARY_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "PYTHONUNBUFFERED",
+    "PYTHONIOENCODING",
+    "PYTHONPATH",
+    "PYTHONDONTWRITEBYTECODE",
+)
 # The kernel caches: replaced by a fresh private folder in the baseline.
 CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
 HOOK_MODULES = ("sitecustomize", "usercustomize")

@@ -140,10 +140,12 @@ PLAN = [
             PROVISION + "test_driver_upgrade.py",
             # /dev/nvidia1, passed through to every container, removed from the machine (CT 160).
             "tests/faults/test_fault_devnode.py",
+            # Node testbed3 rebooted: the machine's /dev/nvidia-uvm* removed and made again (CT 300-301).
+            PROVISION + "test_reboot.py",
         ),
         # The fault suite's session fixtures (CT 160) come along; so does its secrets grep, over these runs.
         again=("tests/faults/test_fault_secrets.py",),
-        vmids=span(900, 935, 936, 121, 141, 134, 160),
+        vmids=span(900, 935, 936, 121, 141, 134, 160, (300, 305)),
         node="exclusive",
     ),
     Step("unit", ("verify/tests", "tests/unit"), node="none", testbed=False),

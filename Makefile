@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: venv testbed provision verify test test-core221 lint unit down purge
+.PHONY: venv host-packages testbed provision verify test test-core221 lint unit down purge
 
 $(VENV)/.done: requirements-controller.txt requirements-controller.lock verify/pyproject.toml tools/venv-install
 	python3 -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }
@@ -16,6 +16,11 @@ $(VENV)/.done: requirements-controller.txt requirements-controller.lock verify/p
 	touch $@
 
 venv: $(VENV)/.done
+
+# The machine's Debian packages the testbed and the test suites need, from one list
+# (testbed/mlstack_testbed/node/host_setup.py); `testbed up` installs the testbed's part itself.
+host-packages: venv
+	testbed/testbed packages --tests
 
 # The testbed: 3 PVE nodes (testbed, testbed2, testbed3) and 2 dummy GPUs (/dev/nvidia0, /dev/nvidia1, ctl, uvm,
 # caps: no driver); docs/testbed.md.
@@ -41,7 +46,7 @@ unit: venv
 # steps of tests/lanes.py: side by side where they only wait on I/O, each on its own vmids and reports/;
 # progress on the console, each step's log and --durations in build/test-lanes/. MLSTACK_TEST_LANES=1
 # runs them one after the other. Its first step is `make testbed`, with the unit tests and lint beside it.
-test: venv
+test: venv host-packages
 	CORE221_TESTS="$(CORE221_TESTS)" $(PY) tests/lanes.py
 
 # Provisioning again with ansible-core 2.21 (ansible 14.x, community.proxmox 2.x), which needs Python >= 3.12:

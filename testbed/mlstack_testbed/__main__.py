@@ -1,4 +1,5 @@
-"""testbed up | status [--json] | down [--purge] | reboot NODE: one command for the stand-in PVE node."""
+"""testbed up | status [--json] | down [--purge] | reboot NODE | packages [--tests]: one command for the
+stand-in PVE node."""
 
 import argparse
 import json
@@ -416,6 +417,17 @@ def cmd_reboot(args: argparse.Namespace) -> int:
     return reboot.reboot(args.node, args.all_gpu_nodes, args.module_missing)
 
 
+def cmd_packages(args: argparse.Namespace) -> int:
+    wanted = host_setup.PACKAGES + (host_setup.TEST_PACKAGES if args.tests else ())
+    missing = host_setup.missing_packages(wanted)
+    if missing and os.geteuid() != 0:
+        say(f"must run as root to install {' '.join(missing)}")
+        return 2
+    installed = host_setup.ensure_packages(wanted)
+    say(f"installed: {' '.join(installed)}" if installed else f"already installed: {' '.join(wanted)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="testbed", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -470,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the node's NVIDIA kernel module cannot load (its nvidia-modprobe fails) until a plain reboot",
     )
+    pk = sub.add_parser("packages", help="install the machine's packages `up` needs (idempotent), only those")
+    pk.add_argument("--tests", action="store_true", help="and those `make test`'s suites need")
     ctl = sub.add_parser(
         "controller", help="a second Ansible controller, ansible-core 2.21 (testbed/README.md): up|run|down"
     )
@@ -480,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         "status": cmd_status,
         "down": cmd_down,
         "reboot": cmd_reboot,
+        "packages": cmd_packages,
         "controller": controller.cmd,
     }
     try:

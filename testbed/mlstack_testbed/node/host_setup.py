@@ -22,7 +22,15 @@ PACKAGES = (
     "ca-certificates",
     # mkfs.ext4 for the testbed's disk (node/disk.py)
     "e2fsprogs",
+    # A C compiler, libc's headers and Python.h: the stand-in NVIDIA driver's libraries and runfile are
+    # built with gcc (node/nvdriver.py), and the doctor run on this machine checks Triton's toolchain.
+    "gcc",
+    "libc6-dev",
+    "python3-dev",
 )
+# What `make test`'s suites need beyond the testbed (`testbed packages --tests`): promtool checks the alert
+# rules and the doctor's metrics files. Not for `make testbed` or `make provision`.
+TEST_PACKAGES = ("prometheus",)
 LXC_NET = "/usr/libexec/lxc/lxc-net"
 LXC_NET_DEFAULTS = Path("/etc/default/lxc-net")
 LXC_NET_FLAG = Path("/run/lxc/network_up")  # lxc-net's "already running" marker
@@ -34,14 +42,14 @@ def debian_version() -> str:
     return p.read_text().strip() if p.is_file() else "unknown"
 
 
-def missing_packages() -> list[str]:
-    r = run(["dpkg-query", "-W", "-f", "${Package} ${db:Status-Abbrev}\n", *PACKAGES], timeout=30)
+def missing_packages(packages: tuple[str, ...] = PACKAGES) -> list[str]:
+    r = run(["dpkg-query", "-W", "-f", "${Package} ${db:Status-Abbrev}\n", *packages], timeout=30)
     installed = {ln.split()[0] for ln in r.out.splitlines() if len(ln.split()) > 1 and ln.split()[1] == "ii"}
-    return [p for p in PACKAGES if p not in installed]
+    return [p for p in packages if p not in installed]
 
 
-def ensure_packages() -> list[str]:
-    missing = missing_packages()
+def ensure_packages(packages: tuple[str, ...] = PACKAGES) -> list[str]:
+    missing = missing_packages(packages)
     if not missing:
         return []
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")

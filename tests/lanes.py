@@ -201,10 +201,11 @@ PLAN = [
     Step("mount-heal", (PROVISION + "test_mount_heal.py",), vmids=span((220, 229))),
     # upgrade.yml and rollback.yml on CT 129, on the node as every shared step finds it.
     Step("upgrade", (PROVISION + "test_upgrade.py",), vmids=span(129)),
-    Step("bad-input", (PROVISION + "test_bad_input.py",), vmids=span((121, 127), 139)),
+    Step("bad-input", (PROVISION + "test_bad_input.py",), vmids=span((121, 127), 139, (320, 325))),
     # Snapshots around an upgrade (CT 260-261): two stacks built, in a step of its own rather than at the
     # end of the provision step, the longest.
     Step("snapshots", (PROVISION + "test_snapshots.py",), vmids=span((260, 261))),
+    Step("host-life", (PROVISION + "test_host_life.py",), vmids=span((310, 319))),
     # No playbook run of its own writes reports/; its hostroot containers mount in the machine's namespace.
     # CT 960-961: test_api_errors.py's second API server (960 never created, 961 an API record only).
     # With it, the doctor against the node's dummy NVIDIA device nodes: never beside `testbed up` or the
@@ -212,7 +213,7 @@ PLAN = [
     Step(
         "testbed",
         ("tests/testbed", "verify/tests/test_doctor_node_devices.py"),
-        vmids=span((900, 939), (949, 961)),
+        vmids=span((900, 939), (949, 963)),
         isolated=False,
     ),
     Step("molecule", argv=("molecule", "test", "-s", "default"), vmids=span(110)),

@@ -147,15 +147,32 @@ def test_a_failure_that_comes_and_goes_is_not_attributed(
         f"p = {str(count)!r}\n"
         "n = int(open(p).read()) if os.path.exists(p) else 0\n"
         "open(p, 'w').write(str(n + 1))\n"
-        "if n != 2:\n"
+        "if n != 1:\n"
         "    raise RuntimeError('CUDA error: an illegal memory access was encountered')",
     )
     monkeypatch.setenv("TRITON_ALWAYS_COMPILE_SERIAL", "1")
     ctx = Context(Options())
-    _, res = _fla_kernel(ctx)  # run 0 fails; of the reruns only the baseline (run 2) passes
+    _, res = _fla_kernel(ctx)  # run 0 fails; of the reruns only the baseline (run 1) passes
     exp = res.evidence["experiment"]
     assert exp["confirmed"] is False and res.code == "FLA_KERNEL_FAILED", exp
     assert "TRITON_ALWAYS_COMPILE_SERIAL" not in res.fix
+
+
+def test_a_session_failure_that_does_not_come_back_alone_names_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failure came from the long-lived session; its worker, rerun on its own with every setting in
+    place, passes: no setting is narrowed or named."""
+    _workers(tmp_path, monkeypatch, "pass")
+    monkeypatch.setenv("TRITON_ALWAYS_COMPILE_SERIAL", "1")
+    died = runner.run([sys.executable, "-c", "import os; os.abort()"], timeout=30)
+    died.argv = [sys.executable, str(runner.WORKERS_DIR / "w_session.py")]  # as Session's results carry
+    res = gpu._fail(
+        "fla_kernel", Stage.FLA, Context(Options()), runner.WorkerResult(died), "FLA_KERNEL_FAILED", "x"
+    )
+    exp = res.evidence["experiment"]
+    assert exp["reruns"] == 1 and exp["baseline"] == "not run" and not exp["confirmed"], exp
+    assert res.code == "PROBE_CRASHED" and "did not come back" in res.fix
 
 
 def test_the_baseline_failing_too_rules_the_settings_out(

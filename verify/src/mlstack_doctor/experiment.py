@@ -274,8 +274,12 @@ class Outcome:
 
 
 class Experiment:
-    def __init__(self, trial: Trial, diffs: list[Difference], budget: Budget) -> None:
-        self.trial, self.diffs, self.budget = trial, diffs, budget
+    def __init__(
+        self, trial: Trial, diffs: list[Difference], budget: Budget, reproduced: bool = False
+    ) -> None:
+        """`reproduced`: the failure came from this very trial's work in this process's setting (not from
+        the long-lived session), so it need not be run again with every difference in place."""
+        self.trial, self.diffs, self.budget, self.reproduced = trial, diffs, budget, reproduced
         self.out = Outcome()
         self.start = time.monotonic()
         self.scratch = tempfile.mkdtemp(prefix="mlstack-doctor-experiment-", dir=_scratch_root())
@@ -338,7 +342,7 @@ class Experiment:
                 out.note = "this process does not differ from the baseline: nothing to take away"
                 return out
             everything = list(range(len(self.diffs)))
-            if not self.fails(everything):  # the probe's own work, rerun with every difference in place
+            if not self.reproduced and not self.fails(everything):  # rerun on its own, every difference in
                 out.note = "the failure did not come back in a rerun with this process's settings"
                 return out
             base_fails = self.fails(())
@@ -407,10 +411,10 @@ def budget_of(facts: dict[str, Any]) -> Budget:
     return facts.setdefault("experiment_budget", Budget())
 
 
-def diagnose(facts: dict[str, Any], key: str, trial: Trial) -> Outcome:
+def diagnose(facts: dict[str, Any], key: str, trial: Trial, reproduced: bool = False) -> Outcome:
     """The experiment for one failing worker (`key`: its script and args): run once per run of the
     doctor; when an earlier experiment confirmed a cause, first check whether removing that cause alone
-    makes this one pass too (one rerun instead of a new experiment)."""
+    makes this one pass too (one rerun instead of a new experiment). `reproduced`: see Experiment."""
     done: dict[str, Outcome] = facts.setdefault("experiments", {})
     if key in done:
         return done[key]
@@ -421,7 +425,7 @@ def diagnose(facts: dict[str, Any], key: str, trial: Trial) -> Outcome:
             if same is not None:
                 done[key] = same
                 return same
-    outcome = Experiment(trial, diffs, budget_of(facts)).run()
+    outcome = Experiment(trial, diffs, budget_of(facts), reproduced).run()
     done[key] = outcome
     return outcome
 

@@ -324,10 +324,12 @@ def experiment_note(found: dict[str, Any] | None) -> str:
     return f"; the doctor's reruns named no setting ({found.get('note') or 'not confirmed'})"
 
 
-def by_experiment(ex: Explained, facts: dict[str, Any], key: str, trial: experiment.Trial) -> None:
+def by_experiment(
+    ex: Explained, facts: dict[str, Any], key: str, trial: experiment.Trial, reproduced: bool = False
+) -> None:
     """Run (or reuse) the experiment for a failure no rule explains; a confirmed culprit becomes the code
     and the fix (ex is updated in place); otherwise the evidence says what was ruled out."""
-    out = experiment.diagnose(facts, key, trial)
+    out = experiment.diagnose(facts, key, trial, reproduced)
     ex.evidence["experiment"] = out.evidence
     # the field reports of schema 1.3 read (the rerun without the stack's settings)
     env_culprits = [c.name for c in out.culprits if c.kind == "env"] if out.confirmed else []

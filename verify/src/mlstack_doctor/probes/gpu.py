@@ -96,7 +96,10 @@ def experiment_for(ctx: Context, name: str, res: runner.WorkerResult, ex: runtim
     script, args = RERUN[name]
     key = f"{script} {json.dumps(args, sort_keys=True)}"
     trial = experiment.worker_trial(script, args, ctx.timeout(300))
-    runtime.by_experiment(ex, ctx.facts, key, trial)
+    # A failure in the long-lived session is first rerun on its own with every setting in place (it may
+    # not come back there); one of this very worker script already was.
+    alone = any(a.endswith("/" + script) for a in res.run.argv)
+    runtime.by_experiment(ex, ctx.facts, key, trial, reproduced=alone)
 
 
 def _memory(res: runner.WorkerResult) -> dict[str, Any]:

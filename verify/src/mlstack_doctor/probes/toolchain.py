@@ -176,7 +176,7 @@ def _by_experiment(
     with what the experiment ruled out (its evidence goes to `ev`)."""
     ex = runtime.Explained(code)
     trial = _build_trial(cc, include_dir, ctx.timeout(120))
-    runtime.by_experiment(ex, ctx.facts, f"c_extension_build {cc} {include_dir}", trial)
+    runtime.by_experiment(ex, ctx.facts, f"c_extension_build {cc} {include_dir}", trial, reproduced=True)
     ev.update(ex.evidence)
     if ex.code == code:
         return code, fix + runtime.experiment_note(ex.evidence.get("experiment"))

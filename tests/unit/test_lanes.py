@@ -17,6 +17,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import lanes  # noqa: E402
 import lanes_cpu  # noqa: E402
+import skips  # noqa: E402
 
 TEST_FILES = sorted(
     str(p.relative_to(REPO)) for root in ("verify/tests", "tests") for p in (REPO / root).rglob("test_*.py")
@@ -280,3 +281,16 @@ def test_skips_a_log_counts_but_no_outcomes_file_itemises_are_not_allowed(
     step.summary = "12 passed, 2 skipped in 80.31s (0:01:20)"
     lanes.judge_skips(step)
     assert step.skips == [("core221-lifecycle", "2 skips not itemised (no outcomes file)", "")]
+
+
+def test_a_listed_skip_is_allowed_only_where_its_condition_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allow-list matches the reason's start, and its entry's condition, probed on this machine."""
+    reason = "root ignores permission bits"
+    monkeypatch.setattr(skips.os, "geteuid", lambda: 0)
+    entry = skips.allowed(reason)
+    assert entry is not None and "non-root" in entry.why
+    monkeypatch.setattr(skips.os, "geteuid", lambda: 1000)
+    assert skips.allowed(reason) is None
+    for refused in ("cannot build the torch test venv (x...): no network", "no carried LXC .debs in .debs/"):
+        assert skips.allowed(refused) is None
+    assert skips.allowed("the doctor said: no CUDA GPU") is None  # the reason's start only

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible_collections.mlstack.pve.plugins.module_utils import ct_settings
+from ansible_collections.mlstack.pve.plugins.module_utils import ct_settings, ct_table
 from ansible_collections.mlstack.pve.plugins.module_utils.pct import plan_changes
 
 
@@ -129,8 +129,9 @@ def describe(vmid: int, node: str, planned: dict[str, Any], allow_restart: bool)
         return [f"{where}: refused: {planned['refused']}"]
     if planned["create"]:
         made = planned.get("create_args") or {}
-        names = (("cores", "cores"), ("memory_mb", "memory"), ("swap_mb", "swap"), ("disk_gb", "disk_gb"))
-        shown = ", ".join(f"{name} {made[key]}" for name, key in names if key in made)
+        # The sizes the create gives it (the table's numbers a create takes).
+        sizes = [(s.key, s.create) for s in ct_table.ENTRY.values() if s.create and s.type == "int"]
+        shown = ", ".join(f"{name} {made[key]}" for name, key in sizes if key in made)
         return [f"{where}: create it ({shown}), pass its GPUs through, bind the caches (devN/mpN), start it"]
     lines = [
         f"{where}: {name} {c['old'] if c['old'] is not None else '(unset)'} -> "

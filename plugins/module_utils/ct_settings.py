@@ -18,54 +18,46 @@ from __future__ import annotations
 import re
 from typing import Any
 
-# What the create gives a container for a key its inventory entry leaves out.
-CREATE_DEFAULTS: dict[str, Any] = {"cores": 2, "memory_mb": 4096, "swap_mb": 0, "disk_gb": 32, "onboot": True}
+from ansible_collections.mlstack.pve.plugins.module_utils import ct_table
+from ansible_collections.mlstack.pve.plugins.module_utils.ct_table import LIVE, RESTART
+
+# What the create gives a container for a key its inventory entry leaves out (ct_table's defaults of a new
+# container).
+CREATE_DEFAULTS: dict[str, Any] = {s.key: s.default for s in ct_table.ENTRY.values() if s.new_only}
 # The description a create writes when the entry states none ({profile}: the chosen stack profile).
 CREATE_DESCRIPTION = "Managed by mlstack.pve: profile {profile}"
-# Inventory key -> PVE key of the plain settings an entry may state.
+# Inventory key -> PVE key of the plain settings an entry may state: one value each, compared as it is (a
+# disk's size, the tags and the passthrough entries are compared their own ways below).
 ENTRY_KEYS = {
-    "cores": "cores",
-    "memory_mb": "memory",
-    "swap_mb": "swap",
-    "hostname": "hostname",
-    "onboot": "onboot",
-    "description": "description",
+    s.key: s.pve
+    for s in ct_table.ENTRY.values()
+    if s.pve and s.applies == LIVE and s.type != "list" and s.pve != "rootfs"
 }
-# PVE key -> the inventory's name for it, in messages and the plan.
+# PVE key -> the inventory's name for it, in messages and the plan (a node's variable in brackets).
 INVENTORY_NAME = {
-    **{pve: entry for entry, pve in ENTRY_KEYS.items()},
-    "tags": "tags",
-    "net0": "net0 (mlstack_bridge)",
-    "features": "features (gpu_container_features)",
-    "rootfs": "disk_gb",
+    s.pve: s.key if s.where == "entry" else f"{s.pve} ({s.key})"
+    for s in ct_table.SETTINGS
+    if s.pve and not s.pve.endswith("N")
 }
 # Settings whose value is a property list (k=v,...): what the inventory names must hold, the rest stays.
 PROPERTY_KEYS = frozenset({"net0", "features"})
-# What a running container takes at once (LXC_FASTPLUG_OPTIONS, and memory/swap/net hotplugged).
+# What a running container takes at once: the table's live settings, and PVE's other fast-plugged options
+# (LXC_FASTPLUG_OPTIONS) that the inventory does not state.
 HOT_KEYS = frozenset(
-    {
-        "cores",
-        "memory",
-        "swap",
-        "hostname",
-        "description",
-        "onboot",
-        "tags",
-        "cpulimit",
-        "cpuunits",
-        "hookscript",
-    }
+    {s.pve for s in ct_table.SETTINGS if s.applies == LIVE and s.pve and not s.pve.endswith("N")}
+    - {"rootfs", "net0"}
+    | {"cpulimit", "cpuunits"}
 )
 HOT_KEY = re.compile(r"^net\d+$")
 # devN/mpN: hotplugged only when new; a changed or removed one waits for the next start.
 PASSTHROUGH_KEY = re.compile(r"^(dev|mp)\d+$")
 
-LIVE = "live"
-RESTART = "at the next start"
-
-_TAG = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMGT]?)$")
 _UNITS = {"": 1 / 1024**3, "K": 1 / 1024**2, "M": 1 / 1024, "G": 1, "T": 1024}
+# The settings PVE itself would refuse a value of (the others are checked before any role runs).
+_PVE_SETTINGS = tuple(
+    s for s in ct_table.ENTRY.values() if s.pve and not s.pve.endswith("N") and s.key != "vmid"
+)
 
 
 def pve_value(value: Any) -> str:
@@ -96,26 +88,11 @@ def split_tags(value: str) -> list[str]:
 
 def check_entry(entry: dict[str, Any]) -> list[str]:
     """What is wrong with the settings of one entry that PVE would refuse, as one message (or none)."""
-    bad = []
-    for key in ("cores", "memory_mb", "disk_gb"):
-        if key in entry and not _positive(entry[key]):
-            bad.append(f"{key} a whole number above 0")
-    if "swap_mb" in entry and not (_positive(entry["swap_mb"]) or str(entry["swap_mb"]).strip() == "0"):
-        bad.append("swap_mb a whole number, 0 or more")
-    if "onboot" in entry and not isinstance(entry["onboot"], bool):
-        bad.append("onboot true or false")
-    tags = entry.get("tags", [])
-    if not isinstance(tags, list) or not all(_TAG.match(str(t)) for t in tags):
-        bad.append("tags a list of names of a-z, 0-9, . _ -")
-    if "description" in entry and re.search(r"[\x00-\x1f]", str(entry["description"])):
-        bad.append("description one line of text")
+    keys = [s for s in _PVE_SETTINGS if s.key in entry or s.key == "tags"]
+    bad = [refused for s in keys if (refused := s.refusal(entry.get(s.key)))]
     if not bad:
         return []
     return [f"Container {entry.get('vmid', '?')}: expected {'; '.join(bad)}. Fix the inventory entry."]
-
-
-def _positive(value: Any) -> bool:
-    return not isinstance(value, bool) and str(value).strip().isdigit() and int(str(value)) > 0
 
 
 def stated(entry: dict[str, Any], node: dict[str, Any]) -> dict[str, str]:
@@ -136,12 +113,11 @@ def create_args(entry: dict[str, Any], node: dict[str, Any], profile: str) -> di
     def get(key: str) -> Any:
         return entry[key] if entry.get(key) is not None else CREATE_DEFAULTS[key]
 
+    made: dict[str, Any] = {
+        s.create: (bool if s.type == "bool" else int)(get(s.key)) for s in ct_table.ENTRY.values() if s.create
+    }
     return {
-        "cores": int(get("cores")),
-        "memory": int(get("memory_mb")),
-        "swap": int(get("swap_mb")),
-        "disk_gb": int(get("disk_gb")),
-        "onboot": bool(get("onboot")),
+        **made,
         "description": str(entry.get("description") or CREATE_DESCRIPTION.format(profile=profile)),
         "tags": list(dict.fromkeys([str(node["tag"]), *map(str, entry.get("tags") or [])])),
         "net0": f"name=eth0,bridge={node['bridge']},ip=dhcp",

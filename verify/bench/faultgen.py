@@ -1,0 +1,660 @@
+#!/usr/bin/env python3
+"""Faults nobody listed: a seeded generator of environment mutations whose ground truth is known by
+construction, each injected for real and judged from the doctor's report.
+
+A mutation is one change a user's environment can carry (a documented variable of torch, Triton, CUDA, NCCL
+or inductor set to an invalid or contradictory value, a resource limit, a path turned into a file, made
+read-only or unreachable, a kernel cache truncated or mixed, an identity without a passwd entry, a start-up
+hook) or a pair of them. Each is injected the fault matrix's way (its own mount namespace, setpriv, the
+rows' shell helpers) and, in that same namespace, two programs run: a small job of the stack
+(tests/faults/workload.py: the ground truth of "the stack fails") and the doctor (--json).
+
+The judge, per mutation:
+  no-false-red  the job passes and the doctor names no root cause (or only the mutation itself)
+  false-red     the job passes, the doctor fails on something else
+  right         the job fails; every root cause names the mutation (code, fix or summary text, or the
+                experiment's culprits in the failing probe's evidence)
+  half          the job fails; the mutation is named among root causes that name something else
+  wrong         the job fails; the mutation is not named (or the doctor passes)
+and, whatever the verdict, a fix is "contradicted" when it changes installed versions (pip install, ==)
+or tells to retry with a fresh cache while the ground truth is no version and no cache fault.
+
+  export PYTHONPATH=/tmp/site:$PWD/verify/src
+  python3 verify/bench/faultgen.py --seed 7 --count 40 --jobs 4 --json faultgen.json     # GPU machine
+  python3 verify/bench/faultgen.py --seed 7 --count 12 --cpu --python VENV/bin/python    # no GPU
+Standard library only; runs as root. Exit 0 when no verdict is false-red or contradicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fault_matrix import FAULTS, Matrix, Outcome, _quote, causes
+from fault_rows import Row
+
+WORKLOAD = FAULTS / "workload.py"
+KINDS = ("env", "limit", "home", "tmpdir", "cache", "startup", "user", "path")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One change to the environment, with its ground truth ({"kind", "name"}) set by construction."""
+
+    kind: str
+    name: str  # the variable, the limit (RLIMIT_FSIZE), the cache's variable, the uid ...
+    how: str  # for a person: what was done
+    setup: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+    unset: tuple[str, ...] = ()
+    user: int | None = None
+    cpu: bool = True  # a CPU-only machine can show it (the job or a CPU probe meets it)
+    words: tuple[str, ...] = ()  # more texts that name it in a report (a limit's ulimit flag)
+
+    @property
+    def truth(self) -> dict[str, str]:
+        return {"kind": self.kind, "name": self.name}
+
+
+# --- the mutation families -----------------------------------------------------------------------------
+# Variables from torch's, Triton's, CUDA's, NCCL's and inductor's documentation and source, each with a
+# value that is invalid or contradicts another setting. Whether it breaks the job is not assumed: the job
+# says so (an invalid NCCL_DEBUG breaks nothing a single process does, and must not make the doctor red).
+ENV_VALUES: dict[str, tuple[tuple[str, bool], ...]] = {
+    # name: ((value, visible without a GPU), ...)
+    "PYTORCH_CUDA_ALLOC_CONF": (
+        ("expandable_segments:maybe", True),
+        ("garbage", True),
+        ("max_split_size_mb:-5", True),
+    ),
+    "CUDA_VISIBLE_DEVICES": (("7", False), ("GPU-00000000-0000-0000-0000-000000000000", False), ("", False)),
+    "CUDA_LAUNCH_BLOCKING": (("yes-please", True),),
+    "CUDA_MODULE_LOADING": (("NEVER", False),),
+    "CUDA_DEVICE_MAX_CONNECTIONS": (("0", False),),
+    "TRITON_INTERPRET": (("1", False),),
+    "TRITON_CACHE_MANAGER": (("nonexistent.module:Manager", False),),
+    "TRITON_PTXAS_PATH": (("/nonexistent/ptxas", True),),
+    "TRITON_LIBCUDA_PATH": (("/nonexistent", False),),
+    "TRITON_DEFAULT_FP_FUSION": (("maybe", False),),
+    "TRITON_ALWAYS_COMPILE": (("1", False),),
+    "TRITON_DEBUG": (("1", False),),
+    "TORCHINDUCTOR_MAX_AUTOTUNE": (("sometimes", False),),
+    "TORCHINDUCTOR_COMPILE_THREADS": (("many", False), ("0", False)),
+    "TORCHINDUCTOR_FX_GRAPH_CACHE": (("2", False),),
+    "TORCH_LOGS": (("+nonsense_component", True),),
+    "TORCH_COMPILE_DEBUG": (("1", False),),
+    "TORCH_SHOW_CPP_STACKTRACES": (("1", True),),
+    "TORCH_CUDA_ARCH_LIST": (("13.7", False),),
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": (("banana", False),),
+    "NCCL_DEBUG": (("LOUD", True),),
+    "NCCL_SOCKET_IFNAME": (("=nonexistent0", False),),
+    "NCCL_P2P_LEVEL": (("NOWHERE", False),),
+    "NCCL_IB_DISABLE": (("perhaps", False),),
+    "OMP_NUM_THREADS": (("auto", True), ("0", True)),
+    "MKL_NUM_THREADS": (("-3", True),),
+    "PYTHONWARNINGS": (("error", True),),
+    "PYTHONHASHSEED": (("not-a-number", True),),
+    "LD_PRELOAD": (("/nonexistent/libjemalloc.so.2", True),),
+    "CC": (("/nonexistent/clang", True), ("true", True)),
+}
+
+# Resource limits: (prlimit option, value, the flag ulimit names it by, visible without a GPU, what names it)
+LIMITS: tuple[tuple[str, str, str, int, bool, tuple[str, ...]], ...] = (
+    ("RLIMIT_FSIZE", "fsize", "-f", 2**20, True, ("file_size", "file size", "File too large", "EFBIG")),
+    ("RLIMIT_NOFILE", "nofile", "-n", 24, True, ("open_files", "open files", "OPEN_FILES_LIMIT")),
+    ("RLIMIT_AS", "as", "-v", 2**30, True, ("address_space", "address space", "ADDRESS_SPACE_LIMIT")),
+    ("RLIMIT_AS", "as", "-v", 8 * 2**30, False, ("address_space", "address space", "ADDRESS_SPACE_LIMIT")),
+    ("RLIMIT_STACK", "stack", "-s", 64 * 1024, True, ("stack", "stack size")),
+    ("RLIMIT_DATA", "data", "-d", 2**29, True, ("data", "data segment")),
+    ("RLIMIT_MEMLOCK", "memlock", "-l", 0, False, ("locked_memory", "locked memory")),
+    ("RLIMIT_CORE", "core", "-c", 0, True, ("core file",)),
+    ("RLIMIT_NPROC", "nproc", "-u", 12, True, ("processes", "THREAD_LIMIT", "Thread creation failed")),
+)
+
+# Folders the stack writes into, by the variable that names them; the ground truth's kind.
+PATH_VARS = {
+    "HOME": "home",
+    "TMPDIR": "tmpdir",
+    "TRITON_CACHE_DIR": "path",
+    "TORCHINDUCTOR_CACHE_DIR": "path",
+    "TRITON_HOME": "path",
+    "XDG_CACHE_HOME": "path",
+}
+PATH_MODES = {
+    "file": ('printf x > "$W/{tag}"', "a regular file"),
+    "readonly": ('ro_tmpfs "$W/{tag}"', "a read-only tmpfs"),
+    "unreachable": (":", "a path under /proc, which nobody can create"),
+}
+
+
+def _env_mutations() -> list[Mutation]:
+    out = []
+    for name, values in ENV_VALUES.items():
+        for value, cpu in values:
+            out.append(Mutation("env", name, f"{name}={value!r}", env=((name, value),), cpu=cpu))
+    return out
+
+
+def _limit_mutations() -> list[Mutation]:
+    out = []
+    for rlimit, opt, flag, value, cpu, words in LIMITS:
+        # RLIMIT_NPROC counts every process of the uid machine-wide: a uid of its own, as the matrix's rows
+        user = 1700 + value if opt == "nproc" else None
+        env = (("USER", "trainer"),) if user is not None else ()
+        out.append(
+            Mutation(
+                "limit",
+                rlimit,
+                f"ulimit {flag} {value if opt in ('nofile', 'nproc') else value // 1024}"
+                + (f" (uid {user})" if user else ""),
+                setup=f"prlimit --pid $$ --{opt}={value}:{value}",
+                env=env,
+                user=user,
+                cpu=cpu,
+                words=(f"ulimit {flag}", *words),
+            )
+        )
+    return out
+
+
+def _path_mutations() -> list[Mutation]:
+    out = []
+    for var, kind in PATH_VARS.items():
+        for mode, (setup, what) in PATH_MODES.items():
+            tag = f"{var.lower()}-{mode}"
+            target = f"/proc/mlstack-{tag}/x" if mode == "unreachable" else f"{{W}}/{tag}"
+            # As root, HOME missing is no fault (root creates it; field notes): a uid of its own then.
+            user = 1000 if var == "HOME" else None
+            out.append(
+                Mutation(
+                    kind,
+                    var,
+                    f"{var}=<{what}>" + (" as uid 1000" if user else ""),
+                    setup=setup.format(tag=tag),
+                    env=((var, target),),
+                    user=user,
+                )
+            )
+    out.append(
+        Mutation(
+            "path",
+            "PATH",
+            "PATH without a compiler, CC unset",
+            'mkdir -p "$W/nobin"',
+            env=(("PATH", "{W}/nobin"),),
+            unset=("CC",),
+        )
+    )
+    return out
+
+
+def _cache_mutations() -> list[Mutation]:
+    """Kernel caches truncated, emptied or mixed between versions ($W/cache: the cache the cases run with)."""
+    entry = 'e=$(fake_entry "$W/cache" k1)'
+    return [
+        Mutation(
+            "cache", "TRITON_CACHE_DIR", "a cached kernel binary emptied", f'{entry}; : > "$e/k1.cubin"'
+        ),
+        Mutation(
+            "cache",
+            "TRITON_CACHE_DIR",
+            "a cached kernel binary truncated",
+            f'{entry}; head -c 200 /bin/true > "$e/k1.cubin"',
+        ),
+        Mutation(
+            "cache",
+            "TRITON_CACHE_DIR",
+            "a cached kernel's metadata truncated",
+            f'{entry}; head -c 10 "$e/k1.json" > "$W/j" && mv "$W/j" "$e/k1.json"',
+        ),
+        Mutation(
+            "cache",
+            "TRITON_CACHE_DIR",
+            "a cache entry of another GPU architecture (sm_70 in an sm_90 cache)",
+            'fake_entry "$W/cache" k2 70 > /dev/null',
+            cpu=False,
+        ),
+        Mutation(
+            "cache",
+            "TORCHINDUCTOR_CACHE_DIR",
+            "an inductor cache entry cut mid-file",
+            'mkdir -p "$W/ind/ab"; printf "def call(args:" > "$W/ind/ab/cabc.py"',
+            env=(("TORCHINDUCTOR_CACHE_DIR", "{W}/ind"),),
+        ),
+    ]
+
+
+def _user_mutations() -> list[Mutation]:
+    return [
+        Mutation(
+            "user",
+            "uid",
+            "uid 4343 without a passwd entry, USER and LOGNAME unset",
+            unset=("USER", "LOGNAME"),
+            user=4343,
+            words=("passwd", "USER_UNKNOWN", "getpwuid"),
+        ),
+        Mutation(
+            "user",
+            "uid",
+            "uid 4344 without a passwd entry, USER=trainer",
+            env=(("USER", "trainer"),),
+            user=4344,
+            words=("passwd", "USER_UNKNOWN", "getpwuid"),
+        ),
+    ]
+
+
+def _startup_mutations() -> list[Mutation]:
+    hook = 'hook "$W/hook" {line}'
+    pythonpath = (("PYTHONPATH", "{W}/hook:{PYTHONPATH}"),)
+    lines = {
+        "sets PYTORCH_CUDA_ALLOC_CONF=garbage": "os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'garbage'",
+        "sets TORCH_LOGS to an unknown component": "os.environ['TORCH_LOGS'] = '+nonsense_component'",
+        "raises at start-up": "raise RuntimeError('site hook broken')",
+        "sets TMPDIR to a missing folder": "os.environ['TMPDIR'] = '/proc/mlstack-hook-tmp'",
+    }
+    return [
+        Mutation(
+            "startup",
+            "sitecustomize",
+            f"a sitecustomize.py on PYTHONPATH that {what}",
+            setup=hook.format(line=_quote(line)),
+            env=pythonpath,
+            words=("sitecustomize", "start-up hook"),
+        )
+        for what, line in lines.items()
+    ]
+
+
+def universe() -> list[Mutation]:
+    """Every single mutation the generator knows, in a fixed order (the seed picks among them)."""
+    return [
+        *_env_mutations(),
+        *_limit_mutations(),
+        *_path_mutations(),
+        *_cache_mutations(),
+        *_user_mutations(),
+        *_startup_mutations(),
+    ]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One generated case: a single mutation or a pair, its name, and everything the matrix needs."""
+
+    index: int
+    parts: tuple[Mutation, ...]
+
+    @property
+    def name(self) -> str:
+        if not self.parts:
+            return "baseline"
+        return f"g{self.index:03d}-" + "+".join(
+            re.sub(r"[^a-z0-9]+", "_", f"{m.kind}_{m.name}".lower()) for m in self.parts
+        )
+
+    @property
+    def truths(self) -> list[dict[str, str]]:
+        return [m.truth for m in self.parts]
+
+    def row(self) -> Row:
+        users = {m.user for m in self.parts if m.user is not None}
+        env: dict[str, str] = {}
+        for m in self.parts:
+            env.update(dict(m.env))
+        return Row(
+            self.name,
+            "generated",
+            "; ".join(m.how for m in self.parts),
+            setup="\n".join(m.setup for m in self.parts if m.setup),
+            env=env,
+            unset=tuple(u for m in self.parts for u in m.unset),
+            user=min(users) if users else None,
+            timeout=600.0,
+        )
+
+
+def generate(seed: int, count: int, cpu: bool, pair_share: float = 0.25) -> list[Case]:
+    """`count` cases drawn with `seed`: singles without repeats, about `pair_share` of them pairs of two
+    mutations of different kinds (two faults at once: both must be named). Same seed, same cases."""
+    rng = random.Random(seed)
+    pool = [m for m in universe() if m.cpu or not cpu]
+    singles = rng.sample(pool, len(pool))
+    pairs = [
+        (a, b) for a, b in itertools.combinations(pool, 2) if a.kind != b.kind and not (a.user and b.user)
+    ]
+    cases: list[Case] = []
+    for i in range(count):
+        if rng.random() < pair_share and pairs:
+            parts: tuple[Mutation, ...] = rng.choice(pairs)
+        else:
+            parts = (singles[i % len(singles)],)
+        cases.append(Case(i, parts))
+    return cases
+
+
+# --- the judge -------------------------------------------------------------------------------------------
+VERSION_FIX = re.compile(r"pip install|uv (?:pip )?install|==\s*\d")
+FRESH_CACHE_FIX = re.compile(
+    r"fresh\s+(?:\w+\s+){0,3}(?:cache|TRITON_CACHE_DIR)|(?:clear|remove|delete)\s+(?:the\s+)?(?:\w+\s+)?cache",
+    re.I,
+)
+
+
+def _texts(cause: dict[str, Any]) -> str:
+    return " ".join(str(cause.get(k) or "") for k in ("code", "summary", "fix"))
+
+
+def names(mutation: Mutation, cause: dict[str, Any], probe: dict[str, Any] | None) -> bool:
+    """Does one root cause name the mutation: its culprits (the experiment) or its words?"""
+    experiment = ((probe or {}).get("evidence") or {}).get("experiment") or {}
+    if any(culprit_is(mutation, c) for c in experiment.get("culprits") or []):
+        return True
+    text = _texts(cause)
+    if mutation.kind == "user":
+        return any(w.lower() in text.lower() for w in mutation.words)
+    if mutation.kind == "limit":  # a phrase or a code, not a bare word ("data", "stack") every text has
+        phrases = [w for w in mutation.words if " " in w or "_" in w or w.isupper()]
+        return mutation.name in text or any(w.lower() in text.lower() for w in phrases)
+    if mutation.kind == "cache":
+        return mutation.name in text or "KERNEL_CACHE_CORRUPT" in text or "CACHE_BREAKS" in text
+    if mutation.kind == "startup":
+        return any(w.lower() in text.lower() for w in mutation.words) or "STARTUP_HOOK" in text
+    return re.search(rf"(?<![A-Z_]){re.escape(mutation.name)}(?![A-Z_])", text) is not None
+
+
+def culprit_is(mutation: Mutation, culprit: dict[str, Any]) -> bool:
+    """Is an experiment's culprit ({kind, name, value}) this mutation? The experiment names a limit by the
+    doctor's own word for it (file_size), a folder or a hook by its path, a variable by its name."""
+    kind, name, value = culprit.get("kind"), str(culprit.get("name") or ""), str(culprit.get("value") or "")
+    if mutation.kind == "limit":
+        return kind == "limit" and (name == mutation.name or name in mutation.words)
+    if mutation.kind in ("home", "tmpdir", "cache", "startup", "user"):
+        return kind == mutation.kind
+    # a variable: by its name, or (a folder variable) by the folder it names
+    tails = [v.split("}")[-1] for k, v in mutation.env if k == mutation.name]
+    return name == mutation.name or any(t and (name.endswith(t) or value.endswith(t)) for t in tails)
+
+
+def contradicted(case: Case, found: list[dict[str, Any]]) -> list[str]:
+    """Fixes the ground truth contradicts: a version change, or a fresh cache where no cache is at fault."""
+    out = []
+    cache_truth = any(m.kind == "cache" or "CACHE" in m.name for m in case.parts)
+    for c in found:
+        fix = str(c.get("fix") or "")
+        if VERSION_FIX.search(fix):
+            out.append(f"{c.get('probe')}:{c.get('code')} changes versions: {fix[:200]}")
+        elif not cache_truth and FRESH_CACHE_FIX.search(fix):
+            out.append(f"{c.get('probe')}:{c.get('code')} retries with a fresh cache: {fix[:200]}")
+    return out
+
+
+def verdict(
+    case: Case,
+    report: dict[str, Any] | None,
+    job: dict[str, str] | None,
+    baseline: frozenset[tuple[str, str]] = frozenset(),
+) -> dict[str, Any]:
+    """The verdict on one case, from the job's steps (the truth of failing) and the doctor's report."""
+    failed_steps = {k: v for k, v in (job or {}).items() if not k.endswith("_where") and v != "ok"}
+    stack_fails = job is None or bool(failed_steps)
+    if report is None:
+        return {
+            "verdict": "wrong",
+            "why": "the doctor wrote no report",
+            "stack_fails": stack_fails,
+            "failed_steps": failed_steps,
+            "contradicted": [],
+        }
+    # A root cause the unmutated baseline has too is the machine's own, not the mutation's.
+    found = [c for c in causes(report) if (c.get("probe"), c.get("code")) not in baseline]
+    probes = {p.get("name"): p for p in report.get("probes") or []}
+    hits = [[names(m, c, probes.get(c.get("probe"))) for m in case.parts] for c in found]
+    all_named = bool(found) and all(any(h[i] for h in hits) for i in range(len(case.parts)))
+    every_cause_names = all(any(h) for h in hits)
+    if not stack_fails:
+        v = "no-false-red" if not found or every_cause_names else "false-red"
+    elif all_named and every_cause_names:
+        v = "right"
+    elif any(any(h) for h in hits):
+        v = "half"
+    else:
+        v = "wrong"
+    return {
+        "verdict": v,
+        "stack_fails": stack_fails,
+        "failed_steps": failed_steps,
+        "named": [[m.name for m, hit in zip(case.parts, h, strict=True) if hit] for h in hits],
+        "contradicted": contradicted(case, found),
+    }
+
+
+@dataclass
+class Judged:
+    case: str
+    truth: list[dict[str, str]]
+    injection: str
+    verdict: str
+    stack_fails: bool
+    failed_steps: dict[str, str]
+    root_causes: list[dict[str, Any]] = field(default_factory=list)
+    contradicted: list[str] = field(default_factory=list)
+    experiments: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    detail: str = ""
+
+
+class Generated(Matrix):
+    """The matrix's injection with the job run first, in the same namespace, environment, limits and uid."""
+
+    def __init__(
+        self, *args: Any, gpu_job: bool, cases: dict[str, Case], warm: Path | None = None, **kw: Any
+    ) -> None:
+        super().__init__(*args, **kw)
+        self.gpu_job, self.cases, self.warm = gpu_job, cases, warm
+        self.baseline: frozenset[tuple[str, str]] = frozenset()
+        self.workload = self.root / "workload.py"
+        shutil.copy(WORKLOAD, self.workload)
+        config = self.src / "mlstack_doctor" / "configs" / "qwen3_5_tiny.json"
+        self.job_args = ["--config", str(config)] + (["--gpu"] if gpu_job else [])
+        self.judged: dict[str, Judged] = {}
+
+    def run(self, row: Row) -> Outcome:
+        # Each case's own Triton cache ($W/cache) starts as a copy of a warmed one: the GPU's kernels are
+        # compiled once, not once per case, and a case that damages its cache damages its copy only.
+        if self.warm is not None:
+            shutil.copytree(self.warm, self.root / row.name / "cache", symlinks=True)
+        return super().run(row)
+
+    def before_doctor(self, row: Row, w: Path, env: dict[str, str]) -> list[str]:
+        cmd = [
+            *self.launch(row, w, env),
+            self.python,
+            str(self.workload),
+            str(w / "job.json"),
+            *self.job_args,
+        ]
+        return [" ".join(_quote(c) for c in cmd) + f' > "{w}/job.out" 2>&1 || true']
+
+    def verdict(self, out: Outcome, row: Row, report: dict[str, Any], w: Path) -> None:
+        self.judged[row.name] = self.judge(row, report, w)
+        out.ok = self.judged[row.name].verdict in ("right", "no-false-red")
+
+    def judge(self, row: Row, report: dict[str, Any] | None, w: Path) -> Judged:
+        case = self.cases[row.name]
+        job_file = w / "job.json"
+        job = json.loads(job_file.read_text()) if job_file.is_file() else None
+        v = verdict(case, report, job, self.baseline)
+        if job is None:
+            tail = (w / "job.out").read_text(errors="replace")[-300:] if (w / "job.out").is_file() else ""
+            v["failed_steps"] = {"job": f"died before writing its result: {tail.strip()}"}
+        experiments = [
+            {"probe": p.get("name"), **(p.get("evidence") or {}).get("experiment", {})}
+            for p in (report or {}).get("probes") or []
+            if (p.get("evidence") or {}).get("experiment")
+        ]
+        cut = [
+            {k: str(c.get(k) or "")[:300] for k in ("probe", "code", "summary", "fix")}
+            for c in causes(report or {})
+        ]
+        return Judged(
+            row.name,
+            case.truths,
+            row.injection,
+            v["verdict"],
+            v["stack_fails"],
+            v["failed_steps"],
+            cut,
+            v["contradicted"],
+            experiments,
+        )
+
+
+class BaselineFails(RuntimeError):
+    """The stack's job fails with no mutation at all: nothing a mutation does can be judged."""
+
+
+def run_cases(
+    cases: list[Case],
+    python: str,
+    cpu: bool,
+    jobs: int,
+    keep: bool,
+    profile: str | None,
+    warm: Path | None = None,
+) -> tuple[Judged, list[Judged]]:
+    """(the unmutated baseline, each case judged against it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = Path(tempfile.mkdtemp(prefix="fault-matrix-gen-"))
+    base = Case(-1, ())
+    by_name = {c.name: c for c in [base, *cases]}
+    try:
+        gen = Generated(python, "quick", cpu, root, profile, gpu_job=not cpu, cases=by_name, warm=warm)
+        o = gen.run(base.row())
+        baseline = gen.judged.get(base.name) or gen.judge(base.row(), None, root / base.name)
+        baseline.seconds = o.seconds
+        print(
+            f"  baseline: job {'fails' if baseline.stack_fails else 'passes'}, root causes "
+            + (", ".join(f"{c['probe']}:{c['code']}" for c in baseline.root_causes) or "none")
+            + f" ({o.seconds:.0f} s)",
+            flush=True,
+        )
+        if baseline.stack_fails:
+            raise BaselineFails(f"the stack's job fails with no mutation: {baseline.failed_steps}")
+        gen.baseline = frozenset((c["probe"], c["code"]) for c in baseline.root_causes)
+
+        def one(case: Case) -> Judged:
+            row = case.row()
+            o = gen.run(row)
+            j = gen.judged.get(row.name) or gen.judge(row, None, root / row.name)
+            if o.ok is None:  # not run: the uid cannot read the stack
+                j.verdict, j.detail = "not run", o.detail
+            j.seconds = o.seconds
+            print(f"  {case.name}: {j.verdict} ({o.seconds:.0f} s)", flush=True)
+            return j
+
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            return baseline, list(pool.map(one, cases))
+    finally:
+        if keep:
+            print(f"cases' folders kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+VERDICTS = ("right", "half", "wrong", "no-false-red", "false-red", "not run")
+
+
+def totals(judged: list[Judged]) -> dict[str, Any]:
+    count = Counter(j.verdict for j in judged)
+    failing = sum(count[v] for v in ("right", "half", "wrong"))
+    return {
+        **{v: count[v] for v in VERDICTS},
+        "stack_failed": failing,
+        "right_share": round(count["right"] / failing, 3) if failing else None,
+        "contradicted_fixes": sum(len(j.contradicted) for j in judged),
+    }
+
+
+def print_table(judged: list[Judged], seed: int) -> None:
+    print(f"\n{'case':<44} {'verdict':<13} {'s':>5}  truth -> root causes")
+    for j in judged:
+        truth = ", ".join(f"{t['kind']}:{t['name']}" for t in j.truth)
+        got = ", ".join(f"{c['probe']}:{c['code']}" for c in j.root_causes) or "pass"
+        print(f"{j.case[:44]:<44} {j.verdict:<13} {j.seconds:5.0f}  {truth} -> {got}")
+        print(f"{'':<44} injection: {j.injection}")
+        if j.failed_steps:
+            print(
+                f"{'':<44} the job failed: " + "; ".join(f"{k}: {v[:120]}" for k, v in j.failed_steps.items())
+            )
+        for c in j.contradicted:
+            print(f"{'':<44} CONTRADICTED: {c}")
+    t = totals(judged)
+    print(f"\nseed {seed}: " + ", ".join(f"{k} {v}" for k, v in t.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--count", type=int, default=20)
+    p.add_argument("--cpu", action="store_true", help="only mutations a machine without a GPU can show")
+    p.add_argument("--python", default=sys.executable, help="the interpreter under test (default: this one)")
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--json", metavar="FILE", help="every case's verdict and the totals as JSON")
+    p.add_argument("--list", action="store_true", help="print the cases the seed draws; run nothing")
+    p.add_argument("--keep", action="store_true", help="keep the cases' folders")
+    p.add_argument("--profile", default=None, help="the doctor's --profile (default: its own choice)")
+    p.add_argument(
+        "--warm-cache", type=Path, default=None, help="a warmed Triton cache each case starts from (a copy)"
+    )
+    args = p.parse_args(argv)
+    cases = generate(args.seed, args.count, args.cpu)
+    if args.list:
+        for c in cases:
+            print(c.name, json.dumps(c.truths), "|", c.row().injection)
+        return 0
+    if os.geteuid() != 0:
+        sys.stderr.write("faultgen: needs root (unshare -m, mounts, setpriv, prlimit)\n")
+        return 2
+    missing = [t for t in ("unshare", "setpriv", "mount", "prlimit") if shutil.which(t) is None]
+    if missing:
+        sys.stderr.write(f"faultgen: missing {', '.join(missing)}\n")
+        return 2
+    try:
+        baseline, judged = run_cases(
+            cases, args.python, args.cpu, args.jobs, args.keep, args.profile, args.warm_cache
+        )
+    except BaselineFails as exc:
+        sys.stderr.write(f"faultgen: {exc}\n")
+        return 2
+    print_table(judged, args.seed)
+    t = totals(judged)
+    if args.json:
+        doc = {
+            "baseline": asdict(baseline),
+            "seed": args.seed,
+            "count": args.count,
+            "cpu": args.cpu,
+            "totals": t,
+            "cases": [asdict(j) for j in judged],
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    return 1 if t["false-red"] or t["contradicted_fixes"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

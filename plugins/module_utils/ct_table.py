@@ -160,6 +160,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu_container_features", "features", "list", "Container features (flags it does not list are"
             " kept).", "a list of k=v flags", lambda v: True, RESTART,
             "VM.Allocate (nesting), root@pam (others)", default=["nesting=1"], elements="str", where="node"),
+    Setting("gpu_container_hookscript", "hookscript", "str", "Guest hookscript set on each container that"
+            " passes GPUs through (gpu_boot's: it makes its NVIDIA nodes before a start); never removed.",
+            "a volid storage:snippets/file", lambda v: True, LIVE, ROOT, default="", where="node"),
 )  # fmt: skip
 # The keys a container's entry may hold, in the table's order.
 ENTRY = {s.key: s for s in SETTINGS if s.where == "entry"}

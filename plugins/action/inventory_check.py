@@ -1,8 +1,9 @@
-"""Action plugin: the gpu_container preflight's checks of the inventory, the ones a task names in
-`checks`, failing with every message that applies (module_utils/inventory_check.py says what each check
-is and what it needs).
+"""Action plugin: the inventory's checks, the ones a task names in `checks`, failing with every message
+that applies (module_utils/inventory_check.py says what each check is and what it needs).
 
-Runs on the controller only: what the node and the API hold was read before and is passed in.
+Runs on the controller: what the node and the API hold was read before and is passed in. The one
+exception: `entries` found mistakes, an entry lists GPU indices and no `gpu_nodes` were given; the node's
+device nodes are then read (mlstack.pve.node_state on the task's host) so the run lists every mistake.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from typing import Any
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible_collections.mlstack.pve.plugins.module_utils import inventory_check as check
+from ansible_collections.mlstack.pve.plugins.module_utils import inventory_entries
 from ansible_collections.mlstack.pve.plugins.module_utils.controller_run import run_command
 
 _INPUTS = frozenset(
-    {"host", "settings", "containers", "profiles_dir", "choices", "locks", "gpu_nodes", "all_containers"}
+    {"host", "settings", "containers", "profiles_dir", "choices", "locks", "gpu_nodes", "inventory"}
     | {"resolved", "mount_roots", "caches", "guests", "ours", "tag", "missing_nodes", "uv"}
 )
 
@@ -50,6 +52,13 @@ class ActionModule(ActionBase):
             )
         try:
             errors = check.run_checks(names, args)
+            # The entries' mistakes stop the run: where an entry lists GPU indices and the node's device
+            # nodes are not known yet (before any role reads the node), read them now, so that a GPU the
+            # node lacks is listed with the rest instead of at the next run.
+            if errors and "entries" in names and args.get("gpu_nodes") is None:
+                if inventory_entries.asks_indices(args.get("containers")):
+                    args["gpu_nodes"] = self._device_nodes(task_vars or {})
+                    errors = check.run_checks(names, args)
         except ValueError as e:
             raise AnsibleActionFail(f"inventory_check: {e}") from e
         except (KeyError, TypeError, AttributeError) as e:
@@ -58,3 +67,14 @@ class ActionModule(ActionBase):
         if errors:
             result.update(failed=True, msg="\n".join(errors))
         return result
+
+    def _device_nodes(self, task_vars: dict[str, Any]) -> list[str]:
+        """The node's device nodes, read on it by mlstack.pve.node_state (what pve_host reads them with)."""
+        read = self._execute_module(
+            module_name="mlstack.pve.node_state", module_args={"gather": ["devices"]}, task_vars=task_vars
+        )
+        if read.get("failed"):
+            raise AnsibleActionFail(
+                f"inventory_check: reading the node's device nodes failed: {read.get('msg')}"
+            )
+        return list(read.get("gpu_nodes") or [])

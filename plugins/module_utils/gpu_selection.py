@@ -1,8 +1,9 @@
 """A container's `gpus`, read one way everywhere: 'all' (the default), 'none', or a list of GPU indices.
 
-Everything else is refused with what to write instead; a bare number above all (`gpus: 0` reads as "GPU
-0" to one person and "no GPU" to another: neither is guessed). The passthrough (devN), the GPUs the stack
-policy sees, the node's preflight and the inventory check all take the selection from here.
+Everything else is refused with what to write instead: a GPU listed twice, and above all a bare number
+(`gpus: 0` reads as "GPU 0" to one person and "no GPU" to another: neither is guessed). The passthrough
+(devN), the GPUs the stack policy sees, the node's preflight and the inventory check all take the selection
+from here.
 Standard library only.
 """
 
@@ -33,6 +34,12 @@ def indices(gpus: Any) -> list[int] | None:
         raise SelectionError(f"gpus: {gpus} is not a list: write [{gpus}] for GPU {gpus}, or none for no GPU")
     if not isinstance(gpus, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in gpus):
         raise SelectionError(f"gpus must be 'all', 'none' or a list of GPU indices, not {gpus!r}")
+    # A GPU listed twice would be passed through once: the entry says something other than what it gets.
+    twice = sorted({i for i in gpus if gpus.count(i) > 1})
+    if twice:
+        raise SelectionError(
+            f"gpus {gpus} lists GPU {', '.join(map(str, twice))} more than once: list each GPU once"
+        )
     return list(gpus)
 
 

@@ -1,39 +1,33 @@
-"""The gpu_container preflight's checks of the inventory, each returning the messages a user reads
-(what is wrong and what to fix), in the order a user would fix them. Nothing here reads the node or the
-API: the role reads them once and passes what it found.
+"""The inventory's checks, each returning the messages a user reads (what is wrong and what to fix), in
+the order a user would fix them. Nothing here reads the node or the API: the caller reads them once and
+passes what it found.
 
-The role runs them in three groups (CHECKS, by name), as their inputs become known during the preflight:
-the inventory's own values (before the stack policy chooses), the chosen stacks against the profiles,
-the node's GPUs and paths, and the guests the API listed.
+They run in groups (CHECKS, by name), as their inputs become known: the containers' entries before any
+role runs (`entries`: inventory_entries, one line per mistake), then in the gpu_container preflight the
+inventory's own values (before the stack policy chooses), the chosen stacks against the profiles, the
+node's GPUs and paths, and the guests the API listed.
 
-Controller only (the inventory_check action): the `gpus` selection is read by gpu_selection, the paths
-by preflight, as the filters read them.
+Controller only (the inventory_check action): the entries' settings are ct_table's rows, the `gpus`
+selection is read by gpu_selection, the paths by preflight, as the filters read them.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import yaml
-from ansible_collections.mlstack.pve.plugins.module_utils import gpu_selection
+from ansible_collections.mlstack.pve.plugins.module_utils import gpu_selection, inventory_entries
 from ansible_collections.mlstack.pve.plugins.module_utils.ct_settings import CREATE_DEFAULTS
 from ansible_collections.mlstack.pve.plugins.module_utils.preflight import path_within
-from ansible_collections.mlstack.pve.plugins.module_utils.stack_policy import DEFAULT_PURPOSE, PURPOSES
 
 _DNS_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$")
 _PVE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]*$")
 VOLID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]*:vztmpl/[A-Za-z0-9._+-]+$")
 _TAG = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _TOKEN_ID = re.compile(r"^([^\s!:/@]+@[A-Za-z][A-Za-z0-9._-]*!)?[A-Za-z][A-Za-z0-9._-]+$")
-_HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_FOLDER = re.compile(r"^[A-Za-z0-9._-]+$")
-_MODEL_PATH = re.compile(r"^(/[A-Za-z0-9._/+-]*)?$")
-_DOT_PART = re.compile(r"(^|/)\.\.?(/|$)")
-_EXTRA = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _UV_ERROR = re.compile(r"error: [^\n]*")
 
 
@@ -81,40 +75,13 @@ def token_settings(host: str, token_id: str, secret_set: bool) -> list[str]:
 
 
 def container_fields(host: str, containers: list[dict[str, Any]]) -> list[str]:
-    """Each entry's own fields, its `gpus` read as every reading of it does (gpu_selection)."""
-    out = []
-    for c in containers:
-        profile = str(c.get("profile") or "default")
-        model_path = str(c.get("model_path", "") or "")
-        extras = c.get("extras", [])
-        vmid = _as_int(c.get("vmid"))
-        bad = []
-        if not 100 <= vmid <= 999999999:
-            bad.append("vmid 100..999999999")
-        if not _HOSTNAME.match(str(c.get("hostname", ""))):
-            bad.append("hostname a DNS label (a-z, 0-9, '-')")
-        if not _FOLDER.match(profile) or profile in (".", ".."):
-            bad.append("profile a folder name (letters, digits, . _ -)")
-        if not _MODEL_PATH.match(model_path) or _DOT_PART.search(model_path):
-            bad.append(
-                "model_path an absolute path of letters, digits and . _ / + - only (no '.' or '..' parts)"
-            )
-        if [e for e in (extras or []) if not _EXTRA.match(str(e))]:
-            bad.append("extras names of letters, digits and . _ -")
-        if isinstance(extras, str):
-            bad.append("extras a list of names")
-        if c.get("purpose", DEFAULT_PURPOSE) not in PURPOSES:
-            bad.append(f"purpose {' or '.join(PURPOSES)}")
-        if bad:
-            out.append(
-                f"Container {c.get('vmid', '?')} on {host}: expected {'; '.join(bad)}."
-                " Fix the inventory entry."
-            )
-        try:
-            gpu_selection.of_container(c)
-        except gpu_selection.SelectionError as e:
-            out.append(f"Container {c.get('vmid', '?')} on {host}: {e}. Fix the inventory entry.")
-    return out
+    """Each entry's own values, as its settings take them (ct_table), its `gpus` read as every reading of
+    it does (gpu_selection)."""
+    return [
+        line
+        for i, c in enumerate(containers)
+        for line in inventory_entries.values(inventory_entries.name(host, c, i), c)
+    ]
 
 
 def known_profiles(profiles_dir: str) -> list[str]:
@@ -187,17 +154,22 @@ def locks(results: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-def unique(all_containers: list[dict[str, Any]]) -> list[str]:
-    """vmids and hostnames across every node of the inventory."""
-    vmids = Counter(_as_int(c.get("vmid")) for c in all_containers)
-    names = Counter(c.get("hostname") for c in all_containers)
-    if all(n == 1 for n in vmids.values()) and all(n == 1 for n in names.values()):
-        return []
+def unique(host: str, inventory: dict[str, Any]) -> list[str]:
+    """The node's entries whose vmid or hostname another entry of the inventory (any node) has too."""
+    entries = inventory.get(host) or []
     return [
-        f"Duplicate vmids or hostnames in the inventory: vmids {[v for v, n in vmids.items() if n > 1]},"
-        f" hostnames {[h for h, n in names.items() if n > 1]}. Each container needs its own vmid and"
-        " hostname."
+        line
+        for i, c in enumerate(entries)
+        if isinstance(c, dict)
+        for line in inventory_entries.overlaps(host, i, c, inventory)
     ]
+
+
+def entries(
+    host: str, containers: Any, inventory: dict[str, Any] | None, gpu_nodes: list[str] | None
+) -> list[str]:
+    """Every mistake of the node's entries (inventory_entries), one line each: run before any role."""
+    return inventory_entries.mistakes(host, containers, inventory, gpu_nodes)
 
 
 def gpu_selections(host: str, containers: list[dict[str, Any]], gpu_nodes: list[str]) -> list[str]:
@@ -301,7 +273,7 @@ CHECKS: dict[str, tuple[tuple[str, ...], Check]] = {
         ("containers", "gpu_nodes"),
         lambda a: gpu_selections(a["host"], a["containers"], a["gpu_nodes"]),
     ),
-    "unique": (("all_containers",), lambda a: unique(a["all_containers"])),
+    "unique": (("inventory",), lambda a: unique(a["host"], a["inventory"])),
     "bind_sources": (
         ("containers", "resolved", "mount_roots"),
         lambda a: bind_sources(
@@ -315,6 +287,11 @@ CHECKS: dict[str, tuple[tuple[str, ...], Check]] = {
     "missing_passthrough": (
         ("missing_nodes",),
         lambda a: missing_passthrough_message(a["host"], a["missing_nodes"]),
+    ),
+    # Optional inputs: `inventory` (vmids and hostnames across nodes), `gpu_nodes` (GPUs the node lacks).
+    "entries": (
+        ("containers",),
+        lambda a: entries(a["host"], a["containers"], a.get("inventory"), a.get("gpu_nodes")),
     ),
 }
 

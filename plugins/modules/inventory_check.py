@@ -8,34 +8,39 @@ DOCUMENTATION = r"""
 module: inventory_check
 short_description: Check the container inventory before any change, failing with every message that applies
 description:
-  - Runs on the controller only; changes nothing. The gpu_container preflight calls it once per group of
-    checks, as what a group needs becomes known - the inventory's values, then the chosen stacks against the
-    profiles, the node's GPUs and resolved paths, then the guests the PVE API listed.
+  - Runs on the controller; changes nothing. The playbooks call it first, before any role, on the containers'
+    entries (V(entries)); the gpu_container preflight then calls it once per group of checks, as what a group
+    needs becomes known - the inventory's values, then the chosen stacks against the profiles, the node's GPUs
+    and resolved paths, then the guests the PVE API listed.
+  - V(entries) gives one line per mistake, naming the entry - a key that is no setting (with the closest
+    one), a value a setting does not take, a GPU listed twice or one the node lacks, a vmid or hostname given
+    twice in the inventory. The settings are the rows of module_utils/ct_table.py. When it finds mistakes, an
+    entry lists GPU indices and O(gpu_nodes) is not given, it reads the node's device nodes
+    (M(mlstack.pve.node_state) on the task's host) so that every mistake is listed at once.
   - Runs the checks O(checks) names, in that order; a named check without the options it needs fails the
     task, naming them. The task fails when any check finds something wrong; RV(errors) and the message list
     what to fix, one line each.
 options:
   checks:
     description:
-      - The checks to run. V(node_settings) and V(token_settings) need O(settings); V(container_fields)
-        O(containers); V(profiles_exist) O(profiles_dir); V(resources) O(choices) and O(profiles_dir);
-        V(locks) O(locks); V(gpu_selections) O(gpu_nodes); V(unique) O(all_containers); V(bind_sources)
+      - The checks to run. V(entries) needs O(containers) (and takes O(inventory) and O(gpu_nodes));
+        V(node_settings) and V(token_settings) need O(settings); V(container_fields) O(containers); V(profiles_exist) O(profiles_dir); V(resources) O(choices) and O(profiles_dir);
+        V(locks) O(locks); V(gpu_selections) O(gpu_nodes); V(unique) O(inventory); V(bind_sources)
         O(resolved) and O(mount_roots) (and O(caches)); V(foreign_vmids) O(guests) and O(ours);
         V(missing_passthrough) O(missing_nodes).
     type: list
     elements: str
     required: true
     choices: [node_settings, token_settings, container_fields, profiles_exist, resources, locks, gpu_selections,
-              unique, bind_sources, foreign_vmids, missing_passthrough]
+              unique, bind_sources, foreign_vmids, missing_passthrough, entries]
   settings:
     description:
       - C(node), C(storage), C(bridge), C(ostemplate), C(tag) (PVE's formats), and C(token_id) with
         C(token_secret_set) (whether a secret is given; never the secret).
     type: dict
   containers:
-    description: The node's containers as the inventory lists them.
-    type: list
-    elements: dict
+    description: The node's containers as the inventory lists them (V(entries) takes any shape and names what is wrong).
+    type: raw
   profiles_dir:
     description: The stack profiles' folder on the controller; a named profile must have a uv.lock there.
     type: path
@@ -54,10 +59,9 @@ options:
     description: The node's NVIDIA device nodes; each container's C(gpus) must select among them.
     type: list
     elements: str
-  all_containers:
-    description: Every node's containers; vmids and hostnames must be unique among them.
-    type: list
-    elements: dict
+  inventory:
+    description: "Every node's containers by node (C(node: [entries])); vmids and hostnames must be unique among them."
+    type: dict
   resolved:
     description: Paths resolved on the node, each C(real) and C(exists) (mlstack.pve.node_state's C(paths)).
     type: dict
@@ -89,6 +93,12 @@ author: mlstack maintainers
 """
 
 EXAMPLES = r"""
+- name: Check the container entries before any role runs
+  mlstack.pve.inventory_check:
+    checks: [entries]
+    containers: "{{ mlstack_containers | default([]) }}"
+    inventory: "{{ dict(groups['pve_hosts'] | zip(groups['pve_hosts'] | map('extract', hostvars, 'mlstack_containers'))) }}"
+
 - name: Check the inventory's settings and containers
   mlstack.pve.inventory_check:
     checks: [node_settings, token_settings, container_fields, profiles_exist]

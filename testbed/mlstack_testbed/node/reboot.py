@@ -16,7 +16,6 @@
    its task log, and the next one is started, as pve-guests does.
 """
 
-import configparser
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +36,25 @@ class Unit:
     after: set[str] = field(default_factory=set)
 
 
-def _words(parser: configparser.ConfigParser, section: str, key: str) -> set[str]:
-    return set(" ".join(parser.get(section, key, fallback="").split("\n")).split())
+def parse_unit(text: str) -> dict[str, list[str]]:
+    """A unit file's `Section.Key` -> its values in order (a key may come again: ExecStart= of a oneshot)."""
+    out: dict[str, list[str]] = {}
+    section = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            continue
+        key, sep, value = line.partition("=")
+        if sep:
+            out.setdefault(f"{section}.{key.strip()}", []).append(value.strip())
+    return out
+
+
+def _words(unit: dict[str, list[str]], key: str) -> set[str]:
+    return {w for value in unit.get(key, []) for w in value.split()}
 
 
 def boot_units(unit_dir: Path = UNIT_DIR) -> list[Unit]:
@@ -49,15 +65,11 @@ def boot_units(unit_dir: Path = UNIT_DIR) -> list[Unit]:
         path = unit_dir / name
         if not path.is_file():
             continue
-        parser = configparser.ConfigParser(strict=False, interpolation=None)
-        parser.optionxform = str  # type: ignore[assignment,method-assign]
-        parser.read_string(path.read_text())
-        if GUESTS_UNIT not in _words(parser, "Unit", "Before"):
+        parsed = parse_unit(path.read_text())
+        if GUESTS_UNIT not in _words(parsed, "Unit.Before"):
             continue
-        execs = [
-            line for line in parser.get("Service", "ExecStart", fallback="").splitlines() if line.strip()
-        ]
-        units[name] = Unit(name, execs, _words(parser, "Unit", "After"))
+        execs = [v for v in parsed.get("Service.ExecStart", []) if v]
+        units[name] = Unit(name, execs, _words(parsed, "Unit.After"))
     ordered: list[Unit] = []
     while units:
         ready = sorted(n for n, u in units.items() if not (u.after & set(units) - {n}))

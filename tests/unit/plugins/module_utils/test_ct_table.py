@@ -122,6 +122,7 @@ def test_the_playbooks_defaults_are_the_tables() -> None:
         ("mlstack_monitor", "yes", True),
         ("mlstack_monitor", "maybe", False),
         ("onboot", "yes", False),
+        ("gpus", [0, 0], False),
         ("profile", "", True),
         ("extras", "fla", False),
     ],

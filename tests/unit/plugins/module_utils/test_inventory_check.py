@@ -157,10 +157,14 @@ def test_gpu_selections(gpus: Any, said: str | None) -> None:
 
 
 def test_duplicates_across_nodes_are_named() -> None:
-    assert check.unique([ct(122), ct(123)]) == []
-    assert check.unique([ct(122), ct(122, hostname="t-122b"), ct(124, hostname="t-123"), ct(123)]) == [
-        "Duplicate vmids or hostnames in the inventory: vmids [122], hostnames ['t-123']. Each container"
-        " needs its own vmid and hostname."
+    """Each of the node's entries whose vmid or hostname another entry has, one line naming both."""
+    assert check.unique("pve1", {"pve1": [ct(122)], "pve2": [ct(123)]}) == []
+    inventory = {"pve1": [ct(122), ct(124, hostname="t-123")], "pve2": [ct(122, hostname="t-122b"), ct(123)]}
+    assert check.unique("pve1", inventory) == [
+        "Container 122 (t-122) on pve1: vmid 122 is also the vmid of t-122b on pve2. Each container needs its"
+        " own vmid.",
+        "Container 124 on pve1: hostname t-123 is also the hostname of Container 123 on pve2. Each container"
+        " needs its own hostname.",
     ]
 
 
@@ -238,7 +242,12 @@ def test_the_action_fails_with_every_message_that_applies() -> None:
 def test_the_action_passes_good_input() -> None:
     checks = ["node_settings", "container_fields", "unique"]
     result = run_action(
-        {"checks": checks, "settings": SETTINGS, "containers": [ct()], "all_containers": [ct(), ct(162)]}
+        {
+            "checks": checks,
+            "settings": SETTINGS,
+            "containers": [ct()],
+            "inventory": {"localhost": [ct(), ct(162)]},
+        }
     )
     assert not result.get("failed") and result["errors"] == [] and result["changed"] is False
 
@@ -246,7 +255,9 @@ def test_the_action_passes_good_input() -> None:
 def test_only_the_named_checks_run() -> None:
     """Given inputs are not a reason to run a check: duplicates across nodes pass unchecked when the
     task names only the settings check."""
-    result = run_action({"checks": ["node_settings"], "settings": SETTINGS, "all_containers": [ct(), ct()]})
+    result = run_action(
+        {"checks": ["node_settings"], "settings": SETTINGS, "inventory": {"localhost": [ct(), ct()]}}
+    )
     assert not result.get("failed") and result["errors"] == []
 
 

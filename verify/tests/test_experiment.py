@@ -254,6 +254,12 @@ def test_a_write_cut_short_by_the_file_size_limit_names_the_limit() -> None:
     assert "/tmp" in run.probe("tmpdir")["fix"]
 
 
+def test_process_env_names_a_small_file_size_limit() -> None:
+    run = run_doctor("--no-gpu", "--only", "process_env", env=_env(), preexec=_small_files)
+    p = run.probe("process_env")
+    assert p["status"] == "warn" and p["code"] == "RESOURCE_LIMIT_LOW" and "ulimit -f" in p["fix"], p
+
+
 def _compile_failed(exception: str) -> Result:
     return failed(
         "torch_compile",

@@ -20,6 +20,8 @@ from mlstack_doctor.record import Result, Stage, Status, failed, passed, warned
 NAME, STAGE = "process_env", Stage.HOST
 MEMLOCK_FLOOR = 64 << 20  # NCCL over InfiniBand/RoCE registers its buffers; 64 KiB (Docker's) is too little
 STACK_FLOOR = 64 << 10
+# Checkpoint shards (about 5 GiB each), kernel caches and compiled helpers are written whole.
+FILE_SIZE_FLOOR = 16 << 30
 OPEN_FILES_FAIL, OPEN_FILES_WARN = 128, 1024  # CUDA init failed at 40 on an H200; NCCL/inductor want hundreds
 
 
@@ -93,6 +95,18 @@ def limit_findings(ctx: Context, lim: dict[str, dict[str, int | None]], ev: dict
     if memlock is not None and memlock < MEMLOCK_FLOOR and ctx.opts.tier == "nccl":
         what = f"locked memory limited to {_mib(memlock)} (RLIMIT_MEMLOCK): NCCL over InfiniBand cannot pin"
         out.append(Finding(Status.WARN, "RESOURCE_LIMIT_LOW", what, fix_for("RESOURCE_LIMIT_LOW", flag="-l")))
+    fsize = soft["file_size"]
+    if fsize is not None and fsize < FILE_SIZE_FLOOR:
+        what = (
+            f"file size limited to {_mib(fsize)} (RLIMIT_FSIZE, ulimit -f): a longer write fails with EFBIG "
+            "('File too large'), a compiler dies of SIGXFSZ"
+        )
+        markers = ["File too large", "Errno 27", "File size limit exceeded"]
+        out.append(
+            Finding(
+                Status.WARN, "RESOURCE_LIMIT_LOW", what, fix_for("RESOURCE_LIMIT_LOW", flag="-f"), markers
+            )
+        )
     stack = soft["stack"]
     if stack is not None and stack < STACK_FLOOR:
         what = f"stack limited to {stack >> 10} KiB (RLIMIT_STACK): new threads get stacks this small"

@@ -129,3 +129,28 @@ def test_the_playbooks_defaults_are_the_tables() -> None:
 )
 def test_what_a_setting_takes(key: str, value: Any, ok: bool) -> None:
     assert ct_table.ENTRY[key].valid(value) is ok
+
+
+def day_two_rows() -> dict[str, str]:
+    """docs/day-two.md's table of changes to an existing container: each key it names -> its "on a running
+    container" words."""
+    text = (ROOT / "docs/day-two.md").read_text()
+    table = text.split("| entry key (or node variable) | on a running container | how |", 1)[1].split("\n\n")[
+        0
+    ]
+    rows = [line.split("|")[1:3] for line in table.splitlines() if line.startswith("| `")]
+    return {key: when.strip() for names, when in rows for key in re.findall(r"`([a-z_0-9]+)`", names)}
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [s for s in ct_table.SETTINGS if s.applies in (ct_table.LIVE, ct_table.RESTART)],
+    ids=lambda s: s.key,
+)
+def test_day_two_says_when_each_setting_applies(setting: ct_table.Setting) -> None:
+    """Every setting a day-two run changes is in docs/day-two.md's table, saying when it takes effect as the
+    row does (live, or at the next start)."""
+    said = day_two_rows().get(setting.key)
+    assert said is not None, f"docs/day-two.md's table does not name {setting.key}"
+    first = said.split(";")[0]
+    assert "live" in first if setting.applies == ct_table.LIVE else "next start" in first, said

@@ -11,8 +11,8 @@ description:
     configs, and C(pending)) - no API call, nothing on the node. Changes nothing.
   - A container that is not among O(guests) needs every step. One that is needs configuring when its devN/mpN
     keys differ from O(options) (extra managed keys counting as a difference), or a setting its inventory
-    entry states differs (cores, memory_mb, swap_mb, hostname, onboot, description, tags, net0's bridge, the
-    node's features; a property list or tags only on what they name), or its disk is smaller than
+    entry or its node states differs (the rows of module_utils/ct_table.py with a PVE key; a property list or
+    tags only on what they name), or its disk is smaller than
     C(disk_gb); starting when its status is not C(running); restarting when a change waits for its next
     start and O(allow_restart) is true. A key the entry leaves out is never compared.
   - A root disk larger than C(disk_gb) is never shrunk; RV(refused) says so, with both sizes.
@@ -36,7 +36,7 @@ options:
     type: dict
     required: true
   entry:
-    description: Its inventory entry (cores, memory_mb, swap_mb, disk_gb, hostname, onboot, description, tags).
+    description: Its inventory entry (the settings of module_utils/ct_table.py).
     type: dict
     default: {}
   node:

@@ -154,3 +154,17 @@ def test_day_two_says_when_each_setting_applies(setting: ct_table.Setting) -> No
     assert said is not None, f"docs/day-two.md's table does not name {setting.key}"
     first = said.split(";")[0]
     assert "live" in first if setting.applies == ct_table.LIVE else "next start" in first, said
+
+
+def test_real_cluster_grants_each_setting_the_privilege_of_its_row() -> None:
+    """docs/real-cluster.md's row of VM.Config.* privileges, each with the PVE keys it is needed for (in
+    order, `;` between privileges): the rows with those PVE keys name the same privilege."""
+    text = (ROOT / "docs/real-cluster.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `VM.Config.CPU`"))
+    privileges, _, keys = (cell.strip() for cell in row.strip("|").split("|"))
+    names = [p if p.startswith("VM.") else "VM.Config" + p for p in re.findall(r"`([A-Za-z.]+)`", privileges)]
+    groups = [re.findall(r"`([a-z0-9]+)`", group) for group in keys.split(";")]
+    assert len(names) == len(groups) > 1
+    for privilege, pve_keys in zip(names, groups, strict=True):
+        for key in pve_keys:
+            assert privilege in ct_table.BY_PVE[key].privilege, (key, privilege)

@@ -135,6 +135,38 @@ def test_a_variable_no_rule_knows_is_found(tmp_path: Path, monkeypatch: pytest.M
     assert "fresh TRITON_CACHE_DIR" not in res.fix
 
 
+def test_a_cache_that_breaks_the_kernel_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry in the Triton cache the kernel cannot use: a fresh private cache passes, the cache alone put
+    back fails again; the fix removes that folder."""
+    cache = tmp_path / "triton-cache"
+    (cache / "ab12").mkdir(parents=True)
+    (cache / "ab12" / "kernel.cubin").write_bytes(b"")
+    _workers(
+        tmp_path,
+        monkeypatch,
+        "d = os.environ.get('TRITON_CACHE_DIR', '')\n"
+        "if os.path.exists(os.path.join(d, 'ab12', 'kernel.cubin')):\n"
+        "    raise RuntimeError('CUDA error: an illegal instruction was encountered')",
+    )
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    _, res = _fla_kernel(Context(Options()))
+    exp = res.evidence["experiment"]
+    assert res.code == "CACHE_BREAKS" and exp["confirmed"], exp
+    assert [(c["kind"], c["name"]) for c in exp["culprits"]] == [("cache", str(cache))]
+    assert f"rm -rf {cache}" in res.fix
+
+
+def test_a_tmpdir_that_cannot_take_files_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_text("")
+    _workers(tmp_path, monkeypatch, "import tempfile\ntempfile.mkstemp(dir=os.environ.get('TMPDIR'))")
+    monkeypatch.setenv("TMPDIR", str(not_a_dir))
+    _, res = _fla_kernel(Context(Options()))
+    exp = res.evidence["experiment"]
+    assert res.code == "TMPDIR_UNUSABLE" and exp["confirmed"], exp
+    assert str(not_a_dir) in res.fix and "export TMPDIR=/var/tmp" in res.fix, res.fix
+
+
 def test_a_failure_that_comes_and_goes_is_not_attributed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -41,6 +41,8 @@ mm["model.visual.blocks.0.attn.qkv.weight"] = torch.zeros(8, 8, dtype=torch.bflo
 mm["mtp.fc.weight"] = torch.zeros(8, 8, dtype=torch.bfloat16)
 variant("multimodal", mm)
 variant("extra_layer", {**tensors, "model.layers.4.mlp.up_proj.weight": torch.zeros(512, 256)})
+cfg.tie_word_embeddings = True  # lm_head is the embedding: save_pretrained leaves it out of the file
+transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(root / "tied")
 """
 
 
@@ -63,12 +65,13 @@ def _model_config(torch_venv: Path, folder: Path) -> dict:
     return run.probe("model_config")
 
 
-@pytest.mark.parametrize("name", ["good", "sharded", "multimodal"])
+@pytest.mark.parametrize("name", ["good", "sharded", "multimodal", "tied"])
 def test_checkpoints_that_fit_their_config_pass(
     torch_venv: Path, checkpoints: Path, tmp_path: Path, name: str
 ) -> None:
     """The multimodal one has Qwen3.5's `model.language_model.` prefix, a vision tower and MTP head
-    (transformers renames the first and ignores the others on load): it fits as well."""
+    (transformers renames the first and ignores the others on load); the tied one has no lm_head (the
+    config ties it to the embedding): both fit as well."""
     folder = _copy(checkpoints, name, tmp_path)
     p = _model_config(torch_venv, folder)
     assert p["status"] == "pass", p
@@ -77,6 +80,8 @@ def test_checkpoints_that_fit_their_config_pass(
     assert "tensors fit it" in p["summary"]
     if name == "multimodal":
         assert check["unexpected_count"] == 0 and check["unexpected_ignored"] == 2, check
+    if name == "tied":  # the file holds no lm_head.weight; the config ties it to the embedding
+        assert "lm_head.weight" not in safetensors_header.read_checkpoint(folder).tensors
 
 
 def test_embedding_that_disagrees_with_config_is_named_at_the_quick_tier(

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from doctor_testlib import SRC, run_doctor
 from mlstack_doctor import safetensors_header
+from mlstack_doctor.probes.model import load_report
 
 TINY = SRC / "mlstack_doctor" / "configs" / "qwen3_5_tiny.json"
 
@@ -134,3 +135,23 @@ def test_the_reader_gives_each_tensor_its_shape_dtype_and_file(checkpoints: Path
     assert {k: t["file"] for k, t in tensors.items()} == index
     assert tensors["model.embed_tokens.weight"]["shape"] == [1000, 256]
     assert {t["dtype"] for t in tensors.values()} == {"BF16"}
+
+
+def test_a_failed_load_keeps_transformers_own_report(
+    torch_venv: Path, checkpoints: Path, tmp_path: Path
+) -> None:
+    """The full tier's load fails with "look at the above report": the rows of that report, read from the
+    loader's real stderr, name the tensor and both shapes (model_forward keeps them as evidence)."""
+    folder = _copy(checkpoints, "good", tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["vocab_size"] = 1001
+    (folder / "config.json").write_text(json.dumps(cfg))
+    load = f"import transformers; transformers.AutoModelForCausalLM.from_pretrained({str(folder)!r})"
+    proc = subprocess.run([str(torch_venv), "-c", load], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "ignore_mismatched_sizes" in proc.stderr, proc.stderr[-1500:]
+    report = load_report(proc.stderr)
+    assert report is not None, proc.stderr[-1500:]
+    rows = {r["tensor"]: r for r in report["rows"]}
+    assert rows["model.embed_tokens.weight"]["status"] == "MISMATCH"
+    assert "[1000, 256]" in rows["model.embed_tokens.weight"]["detail"]
+    assert "[1001, 256]" in rows["model.embed_tokens.weight"]["detail"]

@@ -58,7 +58,8 @@ class ActionModule(ActionBase):
             if errors and "entries" in names and args.get("gpu_nodes") is None:
                 if inventory_entries.asks_indices(args.get("containers")):
                     args["gpu_nodes"] = self._device_nodes(task_vars or {})
-                    errors = check.run_checks(names, args)
+                    if args["gpu_nodes"] is not None:
+                        errors = check.run_checks(names, args)
         except ValueError as e:
             raise AnsibleActionFail(f"inventory_check: {e}") from e
         except (KeyError, TypeError, AttributeError) as e:
@@ -68,13 +69,13 @@ class ActionModule(ActionBase):
             result.update(failed=True, msg="\n".join(errors))
         return result
 
-    def _device_nodes(self, task_vars: dict[str, Any]) -> list[str]:
-        """The node's device nodes, read on it by mlstack.pve.node_state (what pve_host reads them with)."""
+    def _device_nodes(self, task_vars: dict[str, Any]) -> list[str] | None:
+        """The node's device nodes, read on it by mlstack.pve.node_state (what pve_host reads them with); None
+        where they cannot be read (the run stops on the other mistakes anyway, and the preflight names the
+        node's trouble once they are fixed)."""
         read = self._execute_module(
             module_name="mlstack.pve.node_state", module_args={"gather": ["devices"]}, task_vars=task_vars
         )
-        if read.get("failed"):
-            raise AnsibleActionFail(
-                f"inventory_check: reading the node's device nodes failed: {read.get('msg')}"
-            )
+        if read.get("failed") or read.get("unreachable"):
+            return None
         return list(read.get("gpu_nodes") or [])

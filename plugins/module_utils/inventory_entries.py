@@ -123,6 +123,8 @@ def mistakes(
 ) -> list[str]:
     """Every mistake of a node's entries, entry by entry. `inventory` ({node: entries}, every node) finds
     vmids and hostnames given twice; `gpu_nodes` (the node's device nodes, where read) GPUs it lacks."""
+    if containers is None:  # `mlstack_containers:` left empty: a node without containers
+        return []
     if not isinstance(containers, list):
         return [
             f"{host}: mlstack_containers must be a list of container entries (each with vmid, hostname, ...),"

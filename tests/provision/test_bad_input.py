@@ -4,15 +4,17 @@ what to fix. Each case runs provision.yml for real against the testbed."""
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from mlstack_testbed import client
-from playbook_runner import REPO, VENV_BIN, PlaybookRun, container
+from playbook_runner import REPO, VENV_BIN, PlaybookRun, container, record_run
 from tbhelpers import ct_exists as exists
 
 # What Ansible prints when a role's argument spec refuses its variables: none of it may reach the user.
@@ -131,8 +133,10 @@ def test_every_mistake_of_a_run_is_one_line_and_nothing_changes(
 ) -> None:
     argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(mistaken_inventory), "provision.yml"]
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=300, check=False)
     run = PlaybookRun(proc.returncode, proc.stdout + proc.stderr)
+    record_run("provision.yml", run, time.monotonic() - t0, before)
     assert run.rc != 0
     said = [line.strip() for line in run.output.splitlines()]
     assert [line for line in LINES if line not in said] == [], run.output[-4000:]

@@ -103,6 +103,10 @@ def test_a_vmid_on_another_node_names_both() -> None:
     ]
 
 
+def test_a_node_whose_list_is_left_empty_has_no_mistake() -> None:
+    assert entries.mistakes("pve1", None) == []
+
+
 def test_the_list_itself_must_be_a_list() -> None:
     assert entries.mistakes("pve1", {"vmid": 320}) == [
         "pve1: mlstack_containers must be a list of container entries (each with vmid, hostname, ...), not"

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The report schema's enumerations, generated from the tables that define them.
 
 diagnosis.CODES (every `code`), engine.PROBES (a probe's `name`), record.Stage, record.Status and

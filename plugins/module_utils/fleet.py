@@ -120,6 +120,10 @@ def row(name: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
         "stages": stage_verdicts(probes),
         "stage_reasons": stage_reasons(probes),
         "root_cause": (doctor.get("summary") or {}).get("root_cause"),
+        # Its creation stamp ({created, id}; None where it has none) and, where this run built or checked
+        # its venv, whether the venv was already complete in the node's store.
+        "identity": hostvars.get("fleet_report_identity"),
+        "venv_reused": hostvars.get("ml_venv_reused"),
     }
 
 
@@ -158,8 +162,25 @@ def _changes(before: dict[str, Any], now: dict[str, Any], what: str = "") -> lis
     ]
 
 
+def recreated(old: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """A container destroyed and created again under its name since the previous report: its creation
+    stamp differs (a report or a container without one tells nothing), and where its venv came from."""
+    before, stamp = old.get("identity") or {}, now.get("identity") or {}
+    if not before.get("id") or not stamp.get("id") or before["id"] == stamp["id"]:
+        return []
+    venv = {
+        True: "; its venv came from the node's store (complete there, not rebuilt)",
+        False: "; its venv was built anew",
+    }.get(now.get("venv_reused"), "")
+    return [
+        f"recreated: missing since the previous report and created again {stamp.get('created')}"
+        f" (the one reported before was created {before.get('created')}){venv}"
+    ]
+
+
 def _container_drift(old: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    changes = _changes({"profile": old.get("profile")}, {"profile": now.get("profile")})
+    changes = recreated(old, now)
+    changes += _changes({"profile": old.get("profile")}, {"profile": now.get("profile")})
     if not now.get("reached_doctor"):
         return [*changes, "not reached by the doctor: its stack and verdicts not compared"]
     # What this run did not see (the container not reached, a probe or stage skipped by a lower tier)

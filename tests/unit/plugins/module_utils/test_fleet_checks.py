@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from ansible_collections.mlstack.pve.plugins.module_utils.fleet import (
     drift,
     fleet_stack,
@@ -155,6 +156,8 @@ def test_a_row_from_a_reached_containers_variables() -> None:
         "mlstack_stack_choice": {"explicit": {"profile": False, "extras": False}},
         "doctor_report": report,
         "nvidia_userspace_check": userspace,
+        "fleet_report_identity": {"created": "2026-12-01T10:00:00Z", "id": "a"},
+        "ml_venv_reused": True,
         "unrelated": "ignored",
     }
     assert row("pve1-ct120", hostvars) == {
@@ -172,6 +175,8 @@ def test_a_row_from_a_reached_containers_variables() -> None:
         "stages": {"packages": "pass", "host": "pass"},
         "stage_reasons": {},
         "root_cause": {"code": "DRIVER_API_MISMATCH", "fix": "reboot"},
+        "identity": {"created": "2026-12-01T10:00:00Z", "id": "a"},
+        "venv_reused": True,
     }
 
 
@@ -191,6 +196,8 @@ def test_a_row_of_a_container_the_run_never_reached() -> None:
         "stages": {},
         "stage_reasons": {},
         "root_cause": None,
+        "identity": None,
+        "venv_reused": None,
     }
 
 
@@ -207,3 +214,29 @@ def test_a_warn_or_fail_stage_says_why() -> None:
         "packages": "causal_conv1d",
         "fla": "FLA_DEVICE_CPU",
     }
+
+
+@pytest.mark.parametrize(
+    ("reused", "said"),
+    [
+        (True, "; its venv came from the node's store (complete there, not rebuilt)"),
+        (False, "; its venv was built anew"),
+        (None, ""),
+    ],
+)
+def test_fleet_drift_says_a_container_was_recreated(reused: bool | None, said: str) -> None:
+    old = {"created": "2026-12-01T10:00:00Z", "id": "a"}
+    new = {"created": "2026-12-02T09:00:00Z", "id": "b"}
+    previous = {"containers": [_row("n-ct1", {}, {}) | {"identity": old}]}
+    rows = [_row("n-ct1", {}, {}) | {"identity": new, "venv_reused": reused}]
+    assert drift(rows, previous)["containers"]["n-ct1"] == [
+        "recreated: missing since the previous report and created again 2026-12-02T09:00:00Z"
+        f" (the one reported before was created 2026-12-01T10:00:00Z){said}"
+    ]
+
+
+@pytest.mark.parametrize("before", [None, {"created": "2026-12-02T09:00:00Z", "id": "b"}])
+def test_fleet_drift_tells_nothing_without_two_different_stamps(before: dict[str, str] | None) -> None:
+    previous = {"containers": [_row("n-ct1", {}, {}) | {"identity": before}]}
+    rows = [_row("n-ct1", {}, {}) | {"identity": {"created": "2026-12-02T09:00:00Z", "id": "b"}}]
+    assert drift(rows, previous)["containers"]["n-ct1"] == []

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from doctor_testlib import doctor_env, run_doctor
-from mlstack_doctor import experiment, runner, vetting
+from mlstack_doctor import diagnosis, experiment, runner, vetting
 from mlstack_doctor.context import Context, Options
-from mlstack_doctor.probes import gpu
+from mlstack_doctor.probes import gpu, model
 from mlstack_doctor.record import Result, Stage, Status, failed, passed, warned
 
 # gcc's .so of the build probe is ~16 KiB: ld dies of SIGXFSZ under this limit; the doctor's own files fit
@@ -97,12 +97,12 @@ def test_a_passing_run_pays_nothing() -> None:
 # ---- the GPU probes' workers, as scripts of a workers folder the test writes ----------------------
 
 
-def _workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> None:
-    """workers/w_fla.py (the fla_kernel probe's worker) running `body` as its check."""
+def _workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, script: str = "w_fla.py") -> None:
+    """workers/<script> (default w_fla.py, the fla_kernel probe's worker) running `body` as its check."""
     workers = tmp_path / "workers"
-    workers.mkdir()
+    workers.mkdir(exist_ok=True)
     (workers / "_common.py").write_text((Path(runner.WORKERS_DIR) / "_common.py").read_text())
-    (workers / "w_fla.py").write_text(
+    (workers / script).write_text(
         "import os, sys\nfrom _common import main\ndef check(args):\n"
         + "".join("    " + ln + "\n" for ln in body.splitlines())
         + "    return {}\nif __name__ == '__main__':\n    main(check)\n"
@@ -232,6 +232,50 @@ def test_one_experiment_per_worker_and_cause(tmp_path: Path, monkeypatch: pytest
     second = gpu._fail("fla_kernel", Stage.FLA, ctx, first_res, "FLA_KERNEL_FAILED", "again")
     assert first.code == second.code == "ENV_SETTING_BREAKS"
     assert ctx.facts["experiment_budget"].reruns == spent
+
+
+def test_a_rule_code_that_names_no_cause_is_decided_by_the_experiment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rule reads "Found no NVIDIA driver" as CUDA_UNAVAILABLE, a code that says what failed, not why
+    (diagnosis.Code.open): the experiment runs and names the variable that makes torch say it."""
+    assert diagnosis.CODES["CUDA_UNAVAILABLE"].open and not diagnosis.CODES["NO_PYTHON_H"].open
+    _workers(
+        tmp_path,
+        monkeypatch,
+        "if os.environ.get('TORCH_CUDA_ARCH_LIST') == 'none':\n"
+        "    raise RuntimeError('Found no NVIDIA driver on your system')",
+    )
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "none")
+    _, res = _fla_kernel(Context(Options()))
+    exp = res.evidence["experiment"]
+    assert res.code == "ENV_SETTING_BREAKS" and exp["confirmed"], (res.code, exp)
+    assert "unset TORCH_CUDA_ARCH_LIST" in res.fix
+
+
+def test_model_configs_build_goes_through_the_experiment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """model_config's worker (w_model.py, mode config) fails with a text no rule reads: the experiment reruns
+    that worker with the probe's own arguments and names the cache variable, not "weights incomplete?"."""
+    cache_file = tmp_path / "inductor-cache-is-a-file"
+    cache_file.write_text("x")
+    _workers(
+        tmp_path,
+        monkeypatch,
+        "assert args['mode'] == 'config' and os.path.isfile(args['config'])\n"
+        "if os.path.isfile(os.environ.get('TORCHINDUCTOR_CACHE_DIR', '')):\n"
+        "    raise FileExistsError(17, 'File exists', os.environ['TORCHINDUCTOR_CACHE_DIR'])",
+        script="w_model.py",
+    )
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache_file))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))  # no stamp of an earlier build
+    monkeypatch.setattr(model, "installed", lambda dist: "5.0.0")
+    res = model.model_config(Context(Options(expect_gpu=False, only=["model_config"])))
+    exp = res.evidence["experiment"]
+    assert res.status == Status.FAIL and res.code == "CACHE_BREAKS" and exp["confirmed"], (res.code, exp)
+    assert [(c["kind"], c["name"]) for c in exp["culprits"]] == [("cache", str(cache_file))]
+    assert "TORCHINDUCTOR_CACHE_DIR" in res.fix and "weights incomplete" not in res.fix
 
 
 # torch 2.11's OutOfMemoryError, with another process holding most of the GPU (as seen on the H100)

@@ -14,8 +14,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Code:
+    """`open`: the code says that a step failed, not why (a probe's default when no rule reads the text, or a
+    rule's code that leaves the cause open, as out of memory does): the doctor's experiment decides the
+    cause (runtime.wants_experiment); its template fix is only what to read next."""
+
     meaning: str
     fix: str
+    open: bool = False
 
 
 CODES: dict[str, Code] = {
@@ -99,6 +104,7 @@ CODES: dict[str, Code] = {
     "C_COMPILER_BROKEN": Code(
         "the C compiler exists but cannot build a Python extension (the way Triton builds its helper)",
         "apt-get install -y build-essential",
+        open=True,
     ),
     "NO_PYTHON_H": Code(
         "Python.h is missing from the include dir of the interpreter Triton compiles against",
@@ -165,6 +171,7 @@ CODES: dict[str, Code] = {
     "CUDA_UNAVAILABLE": Code(
         "torch cannot initialise CUDA (driver, device nodes or container passthrough)",
         "nvidia-smi must work here first; check the device-node and driver probes above",
+        open=True,
     ),
     "TRITON_NO_DRIVER": Code(
         "Triton finds no active GPU driver (torch.cuda.is_available() is False in Triton's process)",
@@ -174,16 +181,19 @@ CODES: dict[str, Code] = {
         "Triton could not determine its GPU target (see the exception in evidence)",
         "read evidence.exception; then TRITON_CACHE_DIR=$(mktemp -d) {python} -c "
         "'import triton; print(triton.runtime.driver.active.get_current_target())'",
+        open=True,
     ),
     # FLA
     "FLA_ON_CPU": Code(
         "FLA decided its device is 'cpu' (it swallows Triton's real exception)",
         "fix what Triton reports in evidence.triton_exception; FLA then picks the GPU",
+        open=True,
     ),
     "FLA_KERNEL_FAILED": Code(
         "an FLA Triton kernel failed to compile or run",
         "read evidence.exception, and evidence.experiment for what the doctor's reruns (a clean baseline, "
         "a fresh private cache among its differences) ruled out",
+        open=True,
     ),
     "FLA_KERNEL_MISMATCH": Code(
         "an FLA kernel gives a different answer from the plain torch reference",
@@ -206,6 +216,7 @@ CODES: dict[str, Code] = {
         "torch.compile (inductor) cannot compile or run a small function on the GPU with this torch+triton",
         "install the triton torch pins ({python} -m pip install '{torch_pin}'), or a profile whose "
         "triton override is proven with torch.compile; read evidence.exception",
+        open=True,
     ),
     "TORCH_COMPILE_MISMATCH": Code(
         "a torch.compile'd function gives a different answer from eager on the GPU",
@@ -242,13 +253,16 @@ CODES: dict[str, Code] = {
     "MODEL_LOAD_FAILED": Code(
         "the model could not be built or loaded on the GPU",
         "read evidence.exception (weights incomplete? dtype? device_map?)",
+        open=True,
     ),
     "GPU_MEMORY_TOO_SMALL": Code(
         "the model does not fit in the GPU's free memory",
         "use a GPU with more memory, free it (nvidia-smi), or run a smaller --model (e.g. tiny)",
     ),
     "GPU_OUT_OF_MEMORY": Code(
-        "CUDA ran out of memory", "free GPU memory (nvidia-smi) or use a smaller --model / --tokens"
+        "CUDA ran out of memory",
+        "free GPU memory (nvidia-smi) or use a smaller --model / --tokens",
+        open=True,
     ),
     "NONFINITE_LOGITS": Code(
         "the forward produced NaN or Inf logits",
@@ -269,11 +283,12 @@ CODES: dict[str, Code] = {
         "(the same threads pass after one warm-up forward)",
         "run one forward on one thread first (warm-up), then start the other threads",
     ),
-    "STRESS_FAILED": Code("a concurrent forward failed", "read evidence.cold.errors"),
+    "STRESS_FAILED": Code("a concurrent forward failed", "read evidence.cold.errors", open=True),
     # warm
     "WARM_FAILED": Code(
         "the warm step's single-thread forward/backward failed",
         "read evidence.exception; then mlstack-doctor --tier warm again (what was tuned stays in the cache)",
+        open=True,
     ),
     # nccl (multi-GPU): what breaks torch.distributed in containers
     "NCCL_P2P_BLOCKED": Code(
@@ -446,6 +461,7 @@ CODES: dict[str, Code] = {
     "PROBE_CRASHED": Code(
         "the probe's worker process died without an answer (segfault, killed)",
         "read evidence.stderr_tail; dmesg may name the cause",
+        open=True,
     ),
 }
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlstack_doctor import experiment, kernel_cache, procenv, runner
-from mlstack_doctor.diagnosis import match
+from mlstack_doctor.diagnosis import CODES, match
 
 
 @dataclass
@@ -242,9 +242,6 @@ def memory_sentence(held: dict[str, Any]) -> str:
 
 # ---- diagnosis by experiment ----------------------------------------------------------------------
 
-# A code read from the probe's own text that still leaves the cause open: out of memory is load (another
-# process, the model's size) or a setting (an allocator fraction): only the experiment can tell them apart.
-OPEN_CODES = ("GPU_OUT_OF_MEMORY",)
 # The code for a confirmed culprit, by its kind (experiment.KINDS).
 KIND_CODE = {
     "env": "ENV_SETTING_BREAKS",
@@ -257,11 +254,12 @@ KIND_CODE = {
 
 
 def wants_experiment(res: runner.WorkerResult, ex: Explained) -> bool:
-    """A failure whose cause the evidence does not name: no rule matched its text (a generic code), or
-    the rule's code leaves it open. A hang is not rerun (each rerun would wait for the whole timeout)."""
+    """A failure whose cause the evidence does not name: no rule matched its text, or its code is open
+    (diagnosis.Code.open: it says a step failed, not why; out of memory is load or a setting, and only the
+    experiment tells them apart). A hang is not rerun (each rerun would wait for the whole timeout)."""
     if res.run.timed_out or ex.code == "PROBE_TIMEOUT":
         return False
-    return not ex.evidence.get("classified_from") or ex.code in OPEN_CODES
+    return not ex.evidence.get("classified_from") or CODES[ex.code].open
 
 
 def limit_action(name: str) -> str:

@@ -73,7 +73,9 @@ def failure_code(res: runner.WorkerResult, default: str, text: str) -> str:
     return classify(text, default)
 
 
-# Each probe's worker as it runs on its own: what the experiment reruns (runtime.by_experiment).
+# Each probe's worker as it runs on its own: what the experiment reruns (runtime.by_experiment). A probe
+# whose worker takes arguments of the run (model_config's config, model_forward's model) passes its own
+# `rerun` to _fail instead.
 RERUN: dict[str, tuple[str, dict[str, Any]]] = {
     "torch_cuda": OPS["torch_cuda"],
     "triton_target": ("w_triton_target.py", {}),
@@ -84,16 +86,24 @@ RERUN: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def experiment_for(ctx: Context, name: str, res: runner.WorkerResult, ex: runtime.Explained) -> None:
-    """A failure no rule explains: rerun the probe's worker in a clean baseline and narrow the
-    differences (experiment.py); one experiment per worker and its args (ex is updated in place)."""
-    if name not in RERUN or not runtime.wants_experiment(res, ex):
+def experiment_for(
+    ctx: Context,
+    name: str,
+    res: runner.WorkerResult,
+    ex: runtime.Explained,
+    rerun: tuple[str, dict[str, Any]] | None = None,
+) -> None:
+    """A failure no rule explains: rerun the probe's worker (`rerun`: its script and args, else RERUN's)
+    in a clean baseline and narrow the differences (experiment.py); one experiment per worker and its args
+    (ex is updated in place)."""
+    rerun = rerun or RERUN.get(name)
+    if rerun is None or not runtime.wants_experiment(res, ex):
         return
     if ex.code == "GPU_OUT_OF_MEMORY":
         held = ex.evidence["gpu_memory"] = _memory(res)
         if held.get("held_outside_gib", 0) > 0.25 * held.get("total_gib", 0):
             return  # the evidence names the load: others hold the memory; no setting is suspected
-    script, args = RERUN[name]
+    script, args = rerun
     key = f"{script} {json.dumps(args, sort_keys=True)}"
     trial = experiment.worker_trial(script, args, ctx.timeout(300))
     # A failure in the long-lived session is first rerun on its own with every setting in place (it may
@@ -118,8 +128,13 @@ def _fail(
     default: str,
     what: str,
     fix_args: dict[str, str] | None = None,
+    *,
+    rerun: tuple[str, dict[str, Any]] | None = None,
     **ev: object,
 ) -> Result:
+    """The failed Result of a worker that did not succeed, for every probe that runs stack code: the code
+    and fix values its text names (runtime.explain), else the cause the experiment finds by rerunning
+    `rerun` (the worker's script and args; RERUN's by default)."""
     # A module the session failed to import is the first error; what fails after it in the same process
     # (torch 2.11: "Artifact of type=inductor already registered") only echoes it.
     s = ctx.session
@@ -127,7 +142,7 @@ def _fail(
     if earlier:
         ev = {**ev, "session_import_errors": earlier}
     ex = runtime.explain(res, default, ctx.facts, also="\n".join(earlier.values()))
-    experiment_for(ctx, name, res, ex)
+    experiment_for(ctx, name, res, ex, rerun)
     code = ex.code
     ev = {**ev, **res.evidence(), **ex.evidence}
     exception = res.error_text.strip()

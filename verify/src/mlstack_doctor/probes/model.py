@@ -259,42 +259,15 @@ def _build_config(
             table.write_text(json.dumps(ckpt.tensors), encoding="utf-8")
             os.chmod(tmp, 0o755)  # the session's worker may run as another uid
             args["checkpoint"] = str(table)
+        script, extra = gpu.OPS["model_config"]
         if import_errors:
             ev["session_import_errors"] = import_errors
-            script, extra = gpu.OPS["model_config"]
             res = runner.run_worker(script, {**args, **extra}, timeout=ctx.timeout(300))
         else:
             res = gpu.call(ctx, name, "model_config", args, timeout=ctx.timeout(300), only_if_started=True)
+        if not res.ok:  # in the folder's lifetime: the experiment reruns the worker with these args
+            return _config_failed(ctx, raw, cfg_path, res, (script, {**args, **extra}), ev)
     data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback", "id")}
-    if not res.ok:
-        # The JSON parsed with every field, so an answered error is about building the model from it,
-        # or transformers not knowing its type; a worker that hung or died says nothing of the config.
-        code = gpu.failure_code(res, "MODEL_LOAD_FAILED", res.error_text)
-        if res.answered and not res.run.timed_out and "model_type" in res.error_text:
-            code = "MODEL_TYPE_UNKNOWN"
-        ev.update(data)
-        ev.update(res.evidence())
-        unreadable = packages.unreadable_file(res.error_text + (res.data.get("traceback") or "")) or " ".join(
-            packages.unreadable_dirs({})
-        )
-        if unreadable:
-            code = "PACKAGE_UNREADABLE"
-            ev["unreadable"] = unreadable
-        fix = fix_for(
-            code, python=ctx.python, model_dir=str(Path(cfg_path).parent), path=unreadable or "<path>"
-        )
-        return failed(
-            name,
-            stage,
-            (
-                f"cannot import the stack: {res.error_text.strip()[:300]}"
-                if code == "PACKAGE_UNREADABLE"
-                else f"transformers rejects {raw['model_type']}: {res.error_text.strip()[-300:]}"
-            ),
-            code,
-            fix,
-            **ev,
-        )
     check = data.pop("weights_check", None)
     if check is not None:
         ev["weights_check"] = check
@@ -315,6 +288,41 @@ def _build_config(
         except OSError as exc:
             stamped["config_stamp_unwritten"] = f"{type(exc).__name__}: {exc}"
     return _built(ctx, name, stage, ev, data, stamped)
+
+
+def _config_failed(
+    ctx: Context,
+    raw: dict[str, Any],
+    cfg_path: str,
+    res: runner.WorkerResult,
+    rerun: tuple[str, dict[str, Any]],
+    ev: dict[str, Any],
+) -> Result:
+    """The config's build failed. The JSON parsed with every field, so what the evidence names first: a
+    package this user cannot read, transformers not knowing the type; else the way every probe that runs
+    stack code goes (gpu._fail: the rules over its text, then the experiment rerunning this worker)."""
+    name, stage = "model_config", Stage.MODEL
+    data = {k: v for k, v in res.data.items() if k not in ("ok", "error", "traceback", "id")}
+    ev.update(data)
+    unreadable = packages.unreadable_file(res.error_text + (res.data.get("traceback") or "")) or " ".join(
+        packages.unreadable_dirs({})
+    )
+    if unreadable:
+        ev.update(res.evidence(), unreadable=unreadable)
+        code = "PACKAGE_UNREADABLE"
+        fix = fix_for(code, path=unreadable)
+        return failed(
+            name, stage, f"cannot import the stack: {res.error_text.strip()[:300]}", code, fix, **ev
+        )
+    if res.answered and not res.run.timed_out and "model_type" in res.error_text:
+        ev.update(res.evidence())
+        code = "MODEL_TYPE_UNKNOWN"
+        fix = fix_for(code, python=ctx.python, model_dir=str(Path(cfg_path).parent))
+        what = f"transformers rejects {raw['model_type']}: {res.error_text.strip()[-300:]}"
+        return failed(name, stage, what, code, fix, **ev)
+    fix_args = {"model_dir": str(Path(cfg_path).parent)}
+    what = f"transformers cannot build {raw['model_type']}"
+    return _fail(name, stage, ctx, res, "MODEL_LOAD_FAILED", what, fix_args, rerun=rerun, **ev)
 
 
 def _stamp_evidence(key: str, stamp: dict[str, Any]) -> dict[str, Any]:
@@ -379,7 +387,10 @@ def model_forward(ctx: Context) -> Result:
             data["weights_dir"] = where["weights_dir"]
             if report := load_report(res.run.stderr):
                 data["load_report"] = report
-        return _fail(name, stage, ctx, res, default, "model forward failed", **data)
+        # A failure transformers' report does not name is rerun (the experiment) with the same worker.
+        script, extra = gpu.OPS["model_forward"]
+        rerun = None if data.get("load_report") else (script, {**args, **extra})
+        return _fail(name, stage, ctx, res, default, "model forward failed", rerun=rerun, **data)
     peak = bf16_peak(str(data.get("gpu", "")))
     data["bf16_peak_tflops_datasheet"] = peak
     if peak:

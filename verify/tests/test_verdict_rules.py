@@ -147,16 +147,29 @@ def test_no_usable_folder_anywhere_is_said_not_guessed(tmp_path: Path) -> None:
     assert "export" not in p["fix"] and "no usable folder found for TRITON_CACHE_DIR" in p["fix"], p["fix"]
 
 
-def test_tmpdir_missing(tmp_path: Path) -> None:
-    run = doctor(
-        "--no-gpu",
-        "--only",
-        "tmpdir,c_compiler,python_headers,c_extension_build",
-        env=doctor_env({"TMPDIR": str(tmp_path / "gone")}),
-    )
+TOOLCHAIN_ONLY = ("--no-gpu", "--only", "tmpdir,c_compiler,python_headers,c_extension_build")
+
+
+def test_tmpdir_missing_is_a_warning_while_the_fallback_works(tmp_path: Path) -> None:
+    """gcc and Python's tempfile pass over a TMPDIR they cannot use to /tmp: the stack's builds work, so the
+    doctor warns naming it and the build probe runs (and passes) instead of being skipped."""
+    run = doctor(*TOOLCHAIN_ONLY, env=doctor_env({"TMPDIR": str(tmp_path / "gone")}))
     p = run.probe("tmpdir")
-    assert run.rc == 1 and p["code"] == "TMPDIR_UNUSABLE" and str(tmp_path / "gone") in p["fix"]
-    assert exported(p["fix"], "TMPDIR") in ("/var/tmp", "/tmp")
+    assert p["status"] == "warn" and p["code"] == "TMPDIR_UNUSABLE", p
+    assert str(tmp_path / "gone") in p["fix"] and p["evidence"]["fallback"] == "/tmp", p
+    assert run.rc == 0 and run.probe("c_extension_build")["status"] == "pass"
+
+
+def test_tmpdir_missing_fails_when_the_fallback_fails_too(tmp_path: Path) -> None:
+    """/tmp, /var/tmp and the working folder (tempfile's last resort) read-only: nothing takes the
+    builds' files, and the doctor fails naming TMPDIR."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    ro = (("bind,ro", Path("/tmp")), ("bind,ro", Path("/var/tmp")), ("bind,ro", cwd))
+    run = doctor(*TOOLCHAIN_ONLY, env=doctor_env({"TMPDIR": str(tmp_path / "gone")}), cwd=cwd, mounts=ro)
+    p = run.probe("tmpdir")
+    assert run.rc == 1 and p["status"] == "fail" and p["code"] == "TMPDIR_UNUSABLE", p
+    assert str(tmp_path / "gone") in p["fix"] and "tempfile.gettempdir() failed" in p["evidence"]["fallback"]
     assert run.probe("c_extension_build")["skipped_by"] == "tmpdir"
 
 
@@ -294,11 +307,12 @@ def test_a_failure_below_a_failed_prerequisite_is_not_its_own_root() -> None:
 
 
 def test_real_run_lists_every_independent_root_cause(tmp_path: Path) -> None:
-    env = doctor_env({"TMPDIR": str(tmp_path / "gone")})
-    argv = ("--no-gpu", "--only", "tmpdir,model_config", "--model", str(tmp_path / "nope"))
+    (tmp_path / "a-file").write_text("")
+    env = doctor_env({"TRITON_CACHE_DIR": str(tmp_path / "a-file")})
+    argv = ("--no-gpu", "--only", "triton_cache_dir,model_config", "--model", str(tmp_path / "nope"))
     run = doctor(*argv, env=env)
     roots = run.report["summary"]["root_causes"]
-    assert [r["code"] for r in roots] == ["TMPDIR_UNUSABLE", "MODEL_PATH_MISSING"]
+    assert [r["code"] for r in roots] == ["TRITON_CACHE_UNWRITABLE", "MODEL_PATH_MISSING"]
     assert run.report["schema_version"] == SCHEMA_VERSION
     table = subprocess.run(
         [sys.executable, "-m", "mlstack_doctor", *argv], capture_output=True, text=True, env=env, timeout=120

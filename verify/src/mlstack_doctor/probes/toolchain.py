@@ -411,11 +411,40 @@ def tmpdir(ctx: Context) -> Result:
     cands = [c for c in ("/var/tmp", "/tmp") if os.path.abspath(c) != os.path.abspath(value)]
     alt, tried = alternative(ctx, "TMPDIR", value, cands)
     ev["alternatives_tried"] = tried
+    fix = fix_for("TMPDIR_UNUSABLE", tmpdir=value, alternative=alt, proof="")
+    # What the stack does with it: Python's tempfile (Triton's and inductor's builds) and gcc pass over a
+    # TMPDIR they cannot use to the next folder that works. Where that folder takes files, the stack works.
+    fallback, fallback_why = tempdir_fallback(ctx.timeout(30))
+    ev["fallback"] = fallback or fallback_why
+    if fallback and os.path.abspath(fallback) != os.path.abspath(value):
+        code_fb, why_fb = try_dir(ctx.facts, fallback, create=False)
+        if code_fb in (None, "TRITON_CACHE_NOEXEC"):
+            return warned(
+                name,
+                stage,
+                f"TMPDIR={value} is unusable ({why}): Python's tempfile and gcc fall back to {fallback}, "
+                "which takes files",
+                "TMPDIR_UNUSABLE",
+                fix,
+                **ev,
+            )
+        ev["fallback_error"] = why_fb
     return failed(
         name,
         stage,
-        f"TMPDIR={value} is unusable ({why}): gcc and Triton's builds write their temporary files there",
+        f"TMPDIR={value} is unusable ({why}) and so is the folder the stack falls back to "
+        f"({ev['fallback']}): gcc and Triton's builds write their temporary files there",
         "TMPDIR_UNUSABLE",
-        fix_for("TMPDIR_UNUSABLE", tmpdir=value, alternative=alt, proof=""),
+        fix,
         **ev,
     )
+
+
+def tempdir_fallback(timeout: float) -> tuple[str | None, str]:
+    """(the folder Python's tempfile.gettempdir() picks in a fresh process of this interpreter and this
+    environment, start-up hooks included, as every process of the stack computes it; or None, why not)."""
+    res = runner.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"], timeout=timeout)
+    lines = res.stdout.strip().splitlines()
+    if res.ok and lines:
+        return lines[-1], ""
+    return None, f"tempfile.gettempdir() failed: {res.tail(200)}"

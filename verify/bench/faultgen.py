@@ -13,7 +13,9 @@ The judge, per mutation:
   no-false-red  the job passes and the doctor names no root cause (or only the mutation itself)
   false-red     the job passes, the doctor fails on something else
   right         the job fails; every root cause names the mutation (code, fix or summary text, or the
-                experiment's culprits in the failing probe's evidence)
+                experiment's culprits in the failing probe's evidence); of a pair, every part that makes
+                the job fail on its own is named (the job runs again with each part alone to tell; a
+                part that fails it alone is inert here and need not be named; when neither does, both)
   half          the job fails; the mutation is named among root causes that name something else
   wrong         the job fails; the mutation is not named (or the doctor passes)
 and, whatever the verdict, a fix is "contradicted" when it changes installed versions (pip install, ==)
@@ -35,7 +37,7 @@ import shutil
 import sys
 import tempfile
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +110,12 @@ def verdict(
     report: dict[str, Any] | None,
     job: dict[str, str] | None,
     baseline: frozenset[tuple[str, str]] = frozenset(),
+    effective: tuple[bool, ...] | None = None,
 ) -> dict[str, Any]:
-    """The verdict on one case, from the job's steps (the truth of failing) and the doctor's report."""
+    """The verdict on one case, from the job's steps (the truth of failing) and the doctor's report.
+    `effective`: of a pair, which parts make the job fail on their own (None: every part counts); only
+    those must be named (a part the stack does not notice, e.g. TRITON_HOME under a TRITON_CACHE_DIR, has
+    nothing to be named for)."""
     failed_steps = {k: v for k, v in (job or {}).items() if not k.endswith("_where") and v != "ok"}
     stack_fails = job is None or bool(failed_steps)
     if report is None:
@@ -124,7 +130,8 @@ def verdict(
     found = [c for c in causes(report) if (c.get("probe"), c.get("code")) not in baseline]
     probes = {p.get("name"): p for p in report.get("probes") or []}
     hits = [[names(m, c, probes.get(c.get("probe"))) for m in case.parts] for c in found]
-    all_named = bool(found) and all(any(h[i] for h in hits) for i in range(len(case.parts)))
+    must = [i for i in range(len(case.parts)) if effective is None or not any(effective) or effective[i]]
+    all_named = bool(found) and all(any(h[i] for h in hits) for i in must)
     every_cause_names = all(any(h) for h in hits)
     if not stack_fails:
         v = "no-false-red" if not found or every_cause_names else "false-red"
@@ -172,6 +179,7 @@ class Generated(Matrix):
         config = self.src / "mlstack_doctor" / "configs" / "qwen3_5_tiny.json"
         self.job_args = ["--config", str(config)] + (["--gpu"] if gpu_job else [])
         self.judged: dict[str, Judged] = {}
+        self.job_only: set[str] = set()  # rows that run the job and no doctor (a pair's parts alone)
 
     def run(self, row: Row) -> Outcome:
         # Each case's own Triton cache ($W/cache) starts as a copy of a warmed one: the GPU's kernels are
@@ -190,6 +198,28 @@ class Generated(Matrix):
         ]
         return [" ".join(_quote(c) for c in cmd) + f' > "{w}/job.out" 2>&1 || true']
 
+    def script(self, row: Row, w: Path) -> str:
+        text = super().script(row, w)
+        if row.name not in self.job_only:
+            return text
+        # the job alone: the last line runs the doctor
+        return "\n".join(ln for ln in text.splitlines() if not ln.startswith("exec ")) + "\n"
+
+    def effective(self, case: Case) -> tuple[bool, ...] | None:
+        """Of a pair, whether each part alone makes the job fail (the job run in a namespace of its own with
+        that part only; no doctor); None for a single mutation."""
+        if len(case.parts) < 2:
+            return None
+        out = []
+        for i, part in enumerate(case.parts):
+            row = replace(Case(case.index, (part,)).row(), name=f"{case.name}~part{i}")
+            self.job_only.add(row.name)
+            self.run(row)
+            job_file = self.root / row.name / "job.json"
+            job = json.loads(job_file.read_text()) if job_file.is_file() else None
+            out.append(job is None or any(v != "ok" for k, v in job.items() if not k.endswith("_where")))
+        return tuple(out)
+
     def verdict(self, out: Outcome, row: Row, report: dict[str, Any], w: Path) -> None:
         self.judged[row.name] = self.judge(row, report, w)
         out.ok = self.judged[row.name].verdict in ("right", "no-false-red")
@@ -199,6 +229,10 @@ class Generated(Matrix):
         job_file = w / "job.json"
         job = json.loads(job_file.read_text()) if job_file.is_file() else None
         v = verdict(case, report, job, self.baseline)
+        if v["verdict"] in ("half", "wrong") and len(case.parts) > 1:
+            effective = self.effective(case)
+            v = verdict(case, report, job, self.baseline, effective)
+            v["effective"] = effective
         if job is None:
             tail = (w / "job.out").read_text(errors="replace")[-300:] if (w / "job.out").is_file() else ""
             v["failed_steps"] = {"job": f"died before writing its result: {tail.strip()}"}
@@ -211,7 +245,7 @@ class Generated(Matrix):
             {k: str(c.get(k) or "")[:300] for k in ("probe", "code", "summary", "fix")}
             for c in causes(report or {})
         ]
-        return Judged(
+        judged = Judged(
             row.name,
             case.truths,
             row.injection,
@@ -222,6 +256,11 @@ class Generated(Matrix):
             v["contradicted"],
             experiments,
         )
+        if v.get("effective") is not None:
+            judged.detail = "parts that fail the job alone: " + ", ".join(
+                f"{m.name} {'yes' if e else 'no'}" for m, e in zip(case.parts, v["effective"], strict=True)
+            )
+        return judged
 
 
 class BaselineFails(RuntimeError):
@@ -302,6 +341,8 @@ def print_table(judged: list[Judged], seed: int) -> None:
             print(
                 f"{'':<44} the job failed: " + "; ".join(f"{k}: {v[:120]}" for k, v in j.failed_steps.items())
             )
+        if j.detail:
+            print(f"{'':<44} {j.detail}")
         for c in j.contradicted:
             print(f"{'':<44} CONTRADICTED: {c}")
     t = totals(judged)

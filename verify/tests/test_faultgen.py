@@ -107,6 +107,20 @@ def test_a_pair_is_right_only_when_both_are_named() -> None:
     assert faultgen.verdict(_case(ALLOC, TMPDIR), one, FAILS)["verdict"] == "half"
 
 
+def test_a_part_the_stack_does_not_notice_need_not_be_named() -> None:
+    """TRITON_HOME under a TRITON_CACHE_DIR, paired with a uid without a passwd entry: the job fails for the
+    uid alone, and a report naming the uid is right. Where neither part fails the job alone, both count."""
+    user = next(m for m in faultgen.universe() if m.kind == "user")
+    home = next(m for m in faultgen.universe() if m.name == "TRITON_HOME")
+    report = _report(("process_env", "USER_UNKNOWN", "uid 4343 has no passwd entry"))
+    case = _case(home, user)
+    assert faultgen.verdict(case, report, FAILS)["verdict"] == "half"
+    assert faultgen.verdict(case, report, FAILS, effective=(False, True))["verdict"] == "right"
+    assert faultgen.verdict(case, report, FAILS, effective=(True, True))["verdict"] == "half"
+    assert faultgen.verdict(case, report, FAILS, effective=(False, False))["verdict"] == "half"
+    assert faultgen.verdict(case, _report(), FAILS, effective=(False, True))["verdict"] == "wrong"
+
+
 def test_baseline_causes_are_the_machines_not_the_mutations() -> None:
     report = _report(("package_versions", "PACKAGE_MISSING", "pip install triton"))
     known = frozenset({("package_versions", "PACKAGE_MISSING")})

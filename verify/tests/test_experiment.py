@@ -5,6 +5,7 @@ gcc, and worker scripts run as the GPU probes' workers are."""
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 from pathlib import Path
@@ -251,6 +252,30 @@ def test_a_rule_code_that_names_no_cause_is_decided_by_the_experiment(
     exp = res.evidence["experiment"]
     assert res.code == "ENV_SETTING_BREAKS" and exp["confirmed"], (res.code, exp)
     assert "unset TORCH_CUDA_ARCH_LIST" in res.fix
+
+
+def test_a_variable_a_startup_hook_sets_is_fixed_by_removing_the_hook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sitecustomize sets TORCH_LOGS (in this process too: the doctor's os.environ differs from the
+    environment it started with). Both the variable and the hook bring the failure back; the fix removes
+    the hook and says it sets the variable, not "unset TORCH_LOGS" in a job environment that never set it."""
+    hook = tmp_path / "site-hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text("import os\nos.environ['TORCH_LOGS'] = '+bogus'\n")
+    _workers(
+        tmp_path,
+        monkeypatch,
+        "if os.environ.get('TORCH_LOGS') == '+bogus':\n    raise RuntimeError('Invalid log settings')",
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{os.environ.get('PYTHONPATH', '')}:{hook}")
+    monkeypatch.setenv("TORCH_LOGS", "+bogus")  # what the hook did in the doctor's own process
+    _, res = _fla_kernel(Context(Options()))
+    exp = res.evidence["experiment"]
+    assert exp["confirmed"] and ("env", "TORCH_LOGS") in [(c["kind"], c["name"]) for c in exp["culprits"]]
+    assert res.code == "STARTUP_HOOK_BREAKS", (res.code, res.fix)
+    assert "unset TORCH_LOGS" not in res.fix and "the start-up hook sets TORCH_LOGS" in res.fix, res.fix
+    assert str(hook / "sitecustomize.py") in res.fix
 
 
 def test_model_configs_build_goes_through_the_experiment(

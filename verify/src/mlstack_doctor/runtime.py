@@ -322,6 +322,19 @@ def experiment_note(found: dict[str, Any] | None) -> str:
     return f"; the doctor's reruns named no setting ({found.get('note') or 'not confirmed'})"
 
 
+def _hook_effects(
+    culprits: list[experiment.Difference],
+) -> tuple[list[experiment.Difference], list[str]]:
+    """(the culprits to act on, the variables among them a start-up hook culprit set): a variable the
+    process did not start with but a sitecustomize set is the hook's doing; unsetting it in the job's
+    environment would change nothing, removing the hook does."""
+    if not any(c.kind == "startup" for c in culprits):
+        return culprits, []
+    changed = procenv.changed_at_start()
+    hooked = [c.name for c in culprits if c.kind == "env" and c.name in changed]
+    return [c for c in culprits if c.name not in hooked], hooked
+
+
 def by_experiment(
     ex: Explained, facts: dict[str, Any], key: str, trial: experiment.Trial, reproduced: bool = False
 ) -> None:
@@ -338,8 +351,9 @@ def by_experiment(
     }
     if not (out.confirmed and out.culprits):
         return
-    first = out.culprits[0]
-    if len(out.culprits) == 1 and first.name in procenv.ALLOC_VARS:
+    culprits, hooked = _hook_effects(out.culprits)
+    first = culprits[0]
+    if len(culprits) == 1 and first.name in procenv.ALLOC_VARS:
         # a grammar the doctor knows: its own code, the fix naming what is wrong with the value
         ex.code = "ALLOC_CONF_INVALID"
         ex.fix_args = fix_args(ex.code, {}, facts)
@@ -352,12 +366,14 @@ def by_experiment(
         f" (the doctor reran the probe: it passed without {names} and failed again with only {names} put "
         "back; evidence.experiment)"
     )
-    others = "; and ".join(_action(c, facts) for c in out.culprits[1:])
+    if hooked:
+        proof = f" (the start-up hook sets {', '.join(hooked)}){proof}"
+    others = "; and ".join(_action(c, facts) for c in culprits[1:])
     if code in ("HOME_UNUSABLE", "TMPDIR_UNUSABLE"):
         args = {"alternative": _alternative(facts, first), "tmpdir": first.name}
         proof = f" ({_action(first, facts)}{'; and ' + others if others else ''}){proof}"
     else:
-        action = "; and ".join(_action(c, facts) for c in out.culprits)
+        action = "; and ".join(_action(c, facts) for c in culprits)
         args = {"action": action}
     ex.code = code
     ex.fix_args = {**args, "proof": proof}

@@ -64,7 +64,9 @@ def _texts(cause: dict[str, Any]) -> str:
 def names(mutation: Mutation, cause: dict[str, Any], probe: dict[str, Any] | None) -> bool:
     """Does one root cause name the mutation: its culprits (the experiment) or its words?"""
     experiment = ((probe or {}).get("evidence") or {}).get("experiment") or {}
-    if any(culprit_is(mutation, c) for c in experiment.get("culprits") or []):
+    # only a confirmed culprit is the doctor's answer; an unconfirmed one is what the narrowing left when the
+    # confirmation did not hold or the budget ran out, and the report says it named no setting
+    if experiment.get("confirmed") and any(culprit_is(mutation, c) for c in experiment.get("culprits") or []):
         return True
     text = _texts(cause)
     if mutation.kind == "user":

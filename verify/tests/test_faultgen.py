@@ -82,16 +82,40 @@ def _report(*causes: tuple[str, str, str], experiment: dict | None = None) -> di
         (
             _report(
                 ("gdn_backward", "RESOURCE_LIMIT_BREAKS", "see evidence"),
-                experiment={"culprits": [{"kind": "limit", "name": "file_size", "value": "1048576"}]},
+                experiment={
+                    "confirmed": True,
+                    "culprits": [{"kind": "limit", "name": "file_size", "value": "1048576"}],
+                },
             ),
             FAILS,
             "right",
+        ),
+        (
+            _report(
+                ("model_config", "MODEL_LOAD_FAILED", "read evidence.exception; the reruns named no setting"),
+                experiment={
+                    "confirmed": False,
+                    "culprits": [{"kind": "limit", "name": "file_size", "value": "1048576"}],
+                },
+            ),
+            FAILS,
+            "wrong",
         ),
         (_report(), PASSES, "no-false-red"),
         (_report(("process_env", "RESOURCE_LIMIT_LOW", "RLIMIT_FSIZE is low")), PASSES, "no-false-red"),
         (_report(("tmpdir", "TMPDIR_UNUSABLE", "mkdir -p /tmp")), PASSES, "false-red"),
     ],
-    ids=["right", "half", "wrong", "missed", "by-experiment", "quiet", "named-anyway", "false-red"],
+    ids=[
+        "right",
+        "half",
+        "wrong",
+        "missed",
+        "by-experiment",
+        "unconfirmed",
+        "quiet",
+        "named-anyway",
+        "false-red",
+    ],
 )
 def test_judge_says_each_verdict(report: dict, job: dict, want: str) -> None:
     assert faultgen.verdict(_case(FSIZE), report, job)["verdict"] == want

@@ -71,6 +71,9 @@ class Difference:
     value: str
     var: str | None = None
     entry: str | None = None
+    # a start-up hook's: the variables it set in this process (name, the value the process started with or
+    # None); without the hook, they are what the process started with
+    sets: tuple[tuple[str, str | None], ...] = ()
 
     def to_json(self) -> dict[str, str]:
         return {"kind": self.kind, "name": self.name, "value": self.value}
@@ -127,8 +130,18 @@ def differences(environ: dict[str, str] | None = None) -> list[Difference]:
     """How this process differs from the clean baseline, in the order the narrowing splits them."""
     env = dict(os.environ if environ is None else environ)
     out: list[Difference] = []
+    pypath = [e for e in env.get("PYTHONPATH", "").split(os.pathsep) if e]
+    hooks = _hook_files(pypath)
+    hooked = {d for d, _ in hooks}
+    site_hooks = [(d, f) for d, f in _hook_files(_site_dirs()) if d not in hooked]
+    # Variables a start-up hook set in this process (not as it started): the hook's doing, part of it. A
+    # sitecustomize/usercustomize runs in every interpreter; PYTHONSTARTUP only in an interactive one.
+    set_at_start: tuple[tuple[str, str | None], ...] = ()
+    if environ is None and (hooks or site_hooks):
+        first = procenv.initial_environ() or {}
+        set_at_start = tuple((k, first.get(k)) for k in procenv.changed_at_start() if _variable(k))
     for k in sorted(env):
-        if _variable(k):
+        if _variable(k) and k not in dict(set_at_start):
             out.append(Difference("env", k, procenv.redact(k, env[k]), var=k))
     for name, res in procenv.LIMITS.items():
         soft, hard = resource.getrlimit(res)
@@ -144,14 +157,10 @@ def differences(environ: dict[str, str] | None = None) -> list[Difference]:
         path = env.get(var) or _default_cache(var, env)
         if path and (var in env or os.path.isdir(path)):
             out.append(Difference("cache", path, env.get(var, ""), var=var))
-    pypath = [e for e in env.get("PYTHONPATH", "").split(os.pathsep) if e]
-    hooks = _hook_files(pypath)
     for d, f in hooks:
-        out.append(Difference("startup", f, f, entry=d))
-    hooked = {d for d, _ in hooks}
-    for d, f in _hook_files(_site_dirs()):
-        if d not in hooked:
-            out.append(Difference("startup", f, f))
+        out.append(Difference("startup", f, f, entry=d, sets=set_at_start))
+    for _, f in site_hooks:
+        out.append(Difference("startup", f, f, sets=set_at_start))
     rest = [e for e in pypath if e not in hooked]
     if rest:
         out.append(Difference("env", "PYTHONPATH", os.pathsep.join(rest), var="PYTHONPATH"))
@@ -192,6 +201,16 @@ def setting(
     drop: set[str] = set()
     shadows: list[str] = []
     limits: list[str] = []
+    # what start-up hooks set goes back to the value the process started with unless a hook that sets it stays
+    kept_sets = {k for i, d in enumerate(diffs) if i in keep for k, _ in d.sets}
+    for d in diffs:
+        for k, started in d.sets:
+            if k in kept_sets:
+                continue
+            if started is None:
+                env.pop(k, None)
+            else:
+                env[k] = started
     for i, d in enumerate(diffs):
         if i in keep:
             continue

@@ -331,8 +331,9 @@ def _hook_effects(
     if not any(c.kind == "startup" for c in culprits):
         return culprits, []
     changed = procenv.changed_at_start()
+    sets = list(dict.fromkeys(k for c in culprits for k, _ in c.sets))
     hooked = [c.name for c in culprits if c.kind == "env" and c.name in changed]
-    return [c for c in culprits if c.name not in hooked], hooked
+    return [c for c in culprits if c.name not in hooked], list(dict.fromkeys(sets + hooked))
 
 
 def by_experiment(

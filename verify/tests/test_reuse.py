@@ -140,5 +140,5 @@ def test_a_reused_report_validates_against_the_schema(tmp_path: Path) -> None:
     doc.update(
         fingerprint="fp", reused={"from": prev["started"], "fast_tier_probes": ["nvidia_device_nodes"]}
     )
-    assert doc["schema_version"] == SCHEMA_VERSION == "1.3"
+    assert doc["schema_version"] == SCHEMA_VERSION == "1.4"
     validate(doc)

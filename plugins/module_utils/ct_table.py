@@ -30,7 +30,8 @@ _FOLDER = re.compile(r"^[A-Za-z0-9._-]+$")
 _MODEL_PATH = re.compile(r"^(/[A-Za-z0-9._/+-]*)?$")
 _DOT_PART = re.compile(r"(^|/)\.\.?(/|$)")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_TAG = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+# A PVE tag: what the node tag and every container tag must be (inventory_check uses it too).
+TAG = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 # What Ansible's `bool` type takes (ansible.module_utils.parsing.convert_bool), lower-cased.
 _BOOLEANS = frozenset({"yes", "no", "on", "off", "true", "false", "1", "0", "y", "n", "t", "f", "1.0", "0.0"})
 
@@ -132,7 +133,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("description", "description", "str", "The container's note in PVE (a new container: its"
             " profile).", "one line of text", _one_line, LIVE, "VM.Config.Options"),
     Setting("tags", "tags", "list", "Tags besides gpu_container_tag; tags added by hand are kept.",
-            "a list of names of a-z, 0-9, . _ -", _names(_TAG), LIVE, "VM.Config.Options", elements="str"),
+            "a list of names of a-z, 0-9, . _ -", _names(TAG), LIVE, "VM.Config.Options", elements="str"),
     Setting("gpus", "devN", "raw", "all, none, or a list of GPU indices: the device nodes passed through"
             " (a new one at once where PVE hot-plugs it).",
             "all, none or a list of GPU indices", _gpus, RESTART, ROOT, default=gpu_selection.DEFAULT),

@@ -21,12 +21,12 @@ from typing import Any
 import yaml
 from ansible_collections.mlstack.pve.plugins.module_utils import gpu_selection, inventory_entries
 from ansible_collections.mlstack.pve.plugins.module_utils.ct_settings import CREATE_DEFAULTS
+from ansible_collections.mlstack.pve.plugins.module_utils.ct_table import TAG
 from ansible_collections.mlstack.pve.plugins.module_utils.preflight import path_within
 
 _DNS_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$")
 _PVE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]*$")
 VOLID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]*:vztmpl/[A-Za-z0-9._+-]+$")
-_TAG = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _TOKEN_ID = re.compile(r"^([^\s!:/@]+@[A-Za-z][A-Za-z0-9._-]*!)?[A-Za-z][A-Za-z0-9._-]+$")
 _UV_ERROR = re.compile(r"error: [^\n]*")
 
@@ -48,7 +48,7 @@ def node_settings(host: str, settings: dict[str, Any]) -> list[str]:
             ("rootfs storage (mlstack_rootfs_storage) a PVE storage id", _PVE_ID, "storage"),
             ("bridge (mlstack_bridge) an interface name", _PVE_ID, "bridge"),
             ("template (mlstack_ostemplate) a volid storage:vztmpl/file", VOLID, "ostemplate"),
-            ("tag (gpu_container_tag) of a-z, 0-9, . _ -", _TAG, "tag"),
+            ("tag (gpu_container_tag) of a-z, 0-9, . _ -", TAG, "tag"),
         )
         if not pattern.match(str(settings.get(value, "")))
     ]

@@ -70,6 +70,10 @@ SKIP = {
         "changes or stops the shared testbed (GPU model, driver version, down, purge); the node-state step's "
         "tests run `up` with these options, and tests/testbed/test_purge_venvs.py what `down --purge` removes"
     ),
+    ("docs/testbed.md", "testbed/testbed reboot testbed3"): (
+        "reboots a node of the shared testbed (its containers stopped, the machine's uvm nodes removed); "
+        "tests/provision/test_reboot.py runs the plain and the --module-missing reboot on CT 300-301"
+    ),
     ("docs/testbed.md", "testbed/testbed up --nodes 3"): (
         "provisions and destroys inventory/testbed-cluster's six containers (vmids 301-306, about 8 minutes "
         "on 2 cores); tests/provision/test_fleet.py runs provision.yml and destroy.yml across the three nodes"

@@ -3,9 +3,11 @@ before the shared CT starts, as after a GPU falls off the bus or a reboot withou
 
 1. Removed before the run: the preflight names the container, the key and the node, and how to fix
    the node; nothing changes and the container stays as it was (stopped, config intact).
-2. Removed between configuring and starting (injected as the start task begins): PVE refuses the start
-   and the run reports PVE's own reason with the fix.
-3. Node back: a rerun starts the container and completes.
+2. Removed between configuring and starting (injected as the start task begins), the driver still there:
+   the container's hookscript (gpu_boot) makes the node again at pre-start and the container starts.
+3. Removed so, and the NVIDIA module cannot load: the hookscript refuses the start, and the run reports
+   that refusal from PVE's task log, with the cause and the fix; the node's metrics name the container.
+4. Node back: a rerun starts the container and completes.
 
 The node is machine-wide: it is put back right after each run, in a finally."""
 
@@ -19,6 +21,7 @@ from typing import Any
 
 import pytest
 from faultlib import fault_env, one_line, venv_works
+from mlstack_testbed.node import gpu
 from tbhelpers import wait_ok
 
 NODE = "/dev/nvidia1"
@@ -87,25 +90,43 @@ def test_device_node_removed_before_start(
     assert status(api, testbed, vmid) == "stopped"
     assert devices(api, testbed, vmid) == passed_through
 
-    # 2. Gone between configuring and starting: PVE's reason, and the fix.
+    # 2. Gone between configuring and starting, the driver still loaded: the hookscript makes it again.
     mark = tmp_path / "fault.mark"
     # When the start task begins (the config already matches, so nothing else runs between).
     env = fault_env("Start container", dev_node.remove_command(), mark, when="start")
     try:
         late = runner("provision.yml", [shared_ct], env=env, **quick)
+        made_again = os.path.exists(NODE)
     finally:
         dev_node.restore()
     # Where the start no longer goes through a task of this name, this phase fails here, never vanishes.
     assert mark.exists(), "the fault did not fire: no task 'Start container' ran (container.yml's start)"
-    text = one_line(late.output)
-    assert late.rc != 0
-    assert f"CT {vmid} did not start. PVE said:" in text, late.output[-3000:]
-    assert f"Device {NODE} does not exist" in text
-    assert f"The node has no {NODE}" in text
+    assert late.rc == 0, late.output[-4000:]
+    assert made_again, f"{NODE} was not made again before the start"
+    assert status(api, testbed, vmid) == "running"
+    assert devices(api, testbed, vmid) == passed_through
+    wait_ok(api, testbed, api.nodes(testbed.node).lxc(vmid).status.stop.post())
+
+    # 3. Gone so, and the module cannot load: the hookscript refuses the start with the cause and the fix.
+    marker = gpu.module_missing_marker(testbed.node)
+    mark = tmp_path / "fault-module.mark"
+    env = fault_env("Start container", f"{dev_node.remove_command()} && : > {marker}", mark, when="start")
+    try:
+        refused = runner("provision.yml", [shared_ct], env=env, **quick)
+    finally:
+        marker.unlink(missing_ok=True)
+        dev_node.restore()
+    assert mark.exists(), "the fault did not fire: no task 'Start container' ran (container.yml's start)"
+    text = one_line(refused.output)
+    assert refused.rc != 0
+    assert f"CT {vmid} did not start" in text, refused.output[-3000:]
+    assert f"mlstack-gpu-hook: CT {vmid} not started: {NODE}" in text, refused.output[-3000:]
+    assert "modprobe: FATAL: Module nvidia not found" in text
+    assert f"then `pct start {vmid}`" in text
     assert status(api, testbed, vmid) == "stopped"
     assert devices(api, testbed, vmid) == passed_through
 
-    # 3. Node back: a rerun starts the container and completes; the venv still works.
+    # 4. Node back: a rerun starts the container and completes; the venv still works.
     again = runner("provision.yml", [shared_ct], **quick)
     assert again.rc == 0, again.output[-4000:]
     assert status(api, testbed, vmid) == "running"

@@ -3,37 +3,21 @@ stack writes to is a warning naming the path and the bytes, on a real tmpfs fill
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from doctor_testlib import SRC, validate
+from doctor_testlib import SRC, run_doctor
 from mlstack_doctor.probes import disks
 
 
-def disk_probe(tmp_path: Path, tmpdir: Path) -> dict:
-    out = tmp_path / "report.json"
+def disk_probe(tmpdir: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=str(SRC), TMPDIR=str(tmpdir), MLSTACK_DOCTOR_SETTINGS="")
-    argv = [
-        sys.executable,
-        "-m",
-        "mlstack_doctor",
-        "--tier",
-        "fast",
-        "--no-gpu",
-        "--quiet",
-        "--output",
-        str(out),
-    ]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
-    assert out.is_file(), proc.stderr[-2000:]
-    report = json.loads(out.read_text())
-    validate(report)
-    return next(p for p in report["probes"] if p["name"] == "disk_space")
+    run = run_doctor("--tier", "fast", "--no-gpu", env=env, timeout=60)
+    assert run.report, run.stderr[-2000:]
+    return next(p for p in run.report["probes"] if p["name"] == "disk_space")
 
 
 @pytest.fixture
@@ -50,7 +34,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 def test_a_nearly_full_tmpdir_is_a_warning_naming_it(tmp_path: Path, small_disk: Path) -> None:
     (small_disk / "filler").write_bytes(b"\0" * (7 << 20))
-    probe = disk_probe(tmp_path, small_disk)
+    probe = disk_probe(small_disk)
     assert probe["status"] == "warn", probe
     assert probe["code"] == "DISK_NEARLY_FULL"
     assert f"{small_disk} (TMPDIR): " in probe["summary"] and "bytes free of 8388608" in probe["summary"]

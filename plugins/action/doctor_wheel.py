@@ -1,5 +1,7 @@
 """Action plugin mlstack.pve.doctor_wheel: the doctor's wheel on the controller, built only when its
-sources changed, in process (plugins/modules/doctor_wheel.py documents it)."""
+sources changed, in process (plugins/modules/doctor_wheel.py documents it). The shipped profiles and
+policy the doctor carries (its shipped_profiles.json) are written from the collection's profiles/ first,
+so a changed profile or rule is a changed source."""
 
 from __future__ import annotations
 
@@ -10,6 +12,12 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible_collections.mlstack.pve.plugins.module_utils.controller_run import run_command
 from ansible_collections.mlstack.pve.plugins.module_utils.doctor_wheel import ensure_wheel
+from ansible_collections.mlstack.pve.plugins.module_utils.stack_packages import STACK
+from ansible_collections.mlstack.pve.plugins.module_utils.stack_policy import write_shipped
+
+# Where the doctor carries the shipped profiles, in its sources; and the profiles, beside verify/.
+SHIPPED = ("src", "mlstack_doctor", "shipped_profiles.json")
+PROFILES = ("..", "profiles")
 
 
 def run_build(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
@@ -33,8 +41,16 @@ class ActionModule(ActionBase):
                 f" beside the Python that runs Ansible (`{python} -m pip install uv`; the checkout's"
                 " `make venv` does), or set doctor_controller_uv to its path."
             )
+        src = os.path.realpath(src)
+        profiles = os.path.normpath(os.path.join(src, *PROFILES))
+        if not os.path.isdir(profiles):
+            raise AnsibleActionFail(
+                f"The doctor carries the stack profiles it judges by, read from {profiles} beside its sources"
+                f" ({src}), and there is no such folder: src must be the collection's verify/."
+            )
         try:
-            found = ensure_wheel(uv, os.path.realpath(src), dist_dir, run_build)
+            write_shipped(profiles, os.path.join(src, *SHIPPED), STACK)
+            found = ensure_wheel(uv, src, dist_dir, run_build)
         except (ValueError, OSError) as e:
             raise AnsibleActionFail(f"Building the doctor's wheel failed: {e}") from e
         # Controller build output, not managed state.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ansible_collections.mlstack.pve.plugins.module_utils import gpu_selection
-from ansible_collections.mlstack.pve.plugins.module_utils.stack_policy import DEFAULT_PURPOSE, PURPOSES
+from ansible_collections.mlstack.pve.plugins.module_utils.stack_facts import DEFAULT_PURPOSE, PURPOSES
 
 # When a change of a setting takes effect on a running container (a stopped one takes every change at once).
 LIVE = "live"

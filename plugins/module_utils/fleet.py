@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible_collections.mlstack.pve.plugins.module_utils.driver_userspace import MISMATCH
+from ansible_collections.mlstack.pve.plugins.module_utils.stack_facts import DEFAULT_PURPOSE
 from ansible_collections.mlstack.pve.plugins.module_utils.stack_packages import STACK
-from ansible_collections.mlstack.pve.plugins.module_utils.stack_policy import DEFAULT_PURPOSE
 
 # Worst first: one failed probe makes its stage fail.
 _SEVERITY = ("fail", "warn", "pass", "skip")

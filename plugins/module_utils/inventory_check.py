@@ -23,6 +23,7 @@ from ansible_collections.mlstack.pve.plugins.module_utils import gpu_selection, 
 from ansible_collections.mlstack.pve.plugins.module_utils.ct_settings import CREATE_DEFAULTS
 from ansible_collections.mlstack.pve.plugins.module_utils.ct_table import TAG
 from ansible_collections.mlstack.pve.plugins.module_utils.preflight import path_within
+from ansible_collections.mlstack.pve.plugins.module_utils.stack_facts import list_profiles
 
 _DNS_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$")
 _PVE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]*$")
@@ -86,19 +87,21 @@ def container_fields(host: str, containers: list[dict[str, Any]]) -> list[str]:
 
 def known_profiles(profiles_dir: str) -> list[str]:
     try:
-        names = os.listdir(profiles_dir)
+        return list_profiles(profiles_dir)
     except OSError:
         return []
-    return sorted(n for n in names if os.path.isfile(os.path.join(profiles_dir, n, "uv.lock")))
 
 
 def profiles_exist(containers: list[dict[str, Any]], profiles_dir: str) -> list[str]:
-    """A profile named in the inventory is a folder with a uv.lock under the profiles."""
+    """A profile named in the inventory is one of the stack profiles (stack_facts.list_profiles)."""
+    try:
+        known = known_profiles(profiles_dir)
+    except ValueError as e:
+        return [f"{e}."]
     return [
-        f"Container {c['vmid']}: unknown profile '{c['profile']}'. Known profiles: "
-        f"{', '.join(known_profiles(profiles_dir))}."
+        f"Container {c['vmid']}: unknown profile '{c['profile']}'. Known profiles: {', '.join(known)}."
         for c in containers
-        if c.get("profile") and not os.path.isfile(os.path.join(profiles_dir, str(c["profile"]), "uv.lock"))
+        if c.get("profile") and str(c["profile"]) not in known
     ]
 
 

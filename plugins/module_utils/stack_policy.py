@@ -3,8 +3,9 @@
 Inputs are what a node and the repository say for themselves: the GPUs from nvidia-smi's csv answer
 (nvidia_facts.parse_nvidia_smi_csv, as node_state reads them), each profile's LOCKED versions
 (profiles/<name>/uv.lock) and extras (its pyproject.toml), and the rules of profiles/policy.yml.
-Nothing is inferred from a profile's name. Pure functions; standard library plus PyYAML (the controller
-has it through ansible-core).
+Nothing is inferred from a profile's name. The profile list, the purposes and the rules' evaluation are
+stack_facts' (the doctor's facts/stack.py, copied); this module applies them to one container. Pure
+functions; standard library plus PyYAML (the controller has it through ansible-core).
 """
 
 from __future__ import annotations
@@ -13,113 +14,53 @@ import os
 import re
 from typing import Any
 
-# What a container is for; the first is the default of an entry that states none.
-PURPOSES = ("training", "inference")
-DEFAULT_PURPOSE = PURPOSES[0]
-ACTIONS = ("add_extra", "refuse", "warn", "note")
-# Packages whose locked versions the rules may test (names normalised as in PEP 503).
-POLICY_PACKAGES = ("torch", "triton", "flash-linear-attention", "fla-core", "nvidia-cuda-runtime")
-_CAP = re.compile(r"^(\d+)\.(\d+)$")
-_ARCH = re.compile(r"^sm_(\d+)(\d)$")
-_CLAUSE = re.compile(r"^(>=|<=|==|!=|<|>)\s*(\S+)$")
+from ansible_collections.mlstack.pve.plugins.module_utils import stack_facts
+from ansible_collections.mlstack.pve.plugins.module_utils.stack_facts import (
+    DEFAULT_PURPOSE,
+    POLICY_FILE,
+    POLICY_PACKAGES,
+    PURPOSES,
+    arch_in,
+    list_profiles,
+    version_in,
+)
+
+# What the stack policy offers its callers (tests included), its own or stack_facts'.
+__all__ = [
+    "DEFAULT_PURPOSE",
+    "POLICY_PACKAGES",
+    "PURPOSES",
+    "arch_in",
+    "arch_of",
+    "choose_stack",
+    "evaluate",
+    "list_profiles",
+    "load_policy",
+    "read_profile",
+    "version_in",
+]
+_normalise = stack_facts.normalize
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+_arch_key = stack_facts.arch_key
 
 
 def arch_of(compute_cap: str) -> str:
     """nvidia-smi's compute_cap as a CUDA arch: "9.0" -> "sm_90", "12.0" -> "sm_120"."""
-    m = _CAP.match(str(compute_cap).strip())
-    if not m:
+    arch = stack_facts.arch_of(compute_cap)
+    if arch is None:
         raise ValueError(f"compute_cap {compute_cap!r} is not MAJOR.MINOR")
-    return f"sm_{int(m.group(1))}{int(m.group(2))}"
-
-
-def _arch_key(arch: str) -> tuple[int, ...]:
-    m = _ARCH.match(arch.strip())
-    if not m:
-        raise ValueError(f"{arch!r} is not an arch like sm_90 or sm_120")
-    return (int(m.group(1)), int(m.group(2)))
-
-
-def _version_key(version: str) -> tuple[int, ...]:
-    """The release numbers of a version ("2.11.0+cu130" -> (2, 11, 0)); pre-release tags are ignored."""
-    m = re.match(r"^\s*v?(\d+(?:\.\d+)*)", str(version))
-    if not m:
-        raise ValueError(f"{version!r} is not a version")
-    return tuple(int(p) for p in m.group(1).split("."))
-
-
-def _matches(key: tuple[int, ...], spec: str, parse: Any) -> bool:
-    """Whether `key` satisfies every comma-separated clause of `spec` (">=3.4.0,<3.7.1")."""
-    for clause in str(spec).split(","):
-        m = _CLAUSE.match(clause.strip())
-        if not m:
-            raise ValueError(f"{clause.strip()!r} in {spec!r} is not OP VALUE (>=, <=, ==, !=, <, >)")
-        op, other = m.group(1), parse(m.group(2))
-        width = max(len(key), len(other))
-        a, b = key + (0,) * (width - len(key)), other + (0,) * (width - len(other))
-        ok = {">=": a >= b, "<=": a <= b, "==": a == b, "!=": a != b, "<": a < b, ">": a > b}[op]
-        if not ok:
-            return False
-    return True
-
-
-def version_in(version: str, spec: str) -> bool:
-    return _matches(_version_key(version), spec, _version_key)
-
-
-def arch_in(arch: str, spec: str) -> bool:
-    return _matches(_arch_key(arch), spec, _arch_key)
-
-
-def _normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return arch
 
 
 def load_policy(profiles_dir: str) -> dict[str, Any]:
-    """profiles/policy.yml, checked: a rule that cannot be evaluated is an error here, not a silent skip."""
+    """profiles/policy.yml, checked (stack_facts.check_policy): a rule that cannot be evaluated is an
+    error here, not a silent skip."""
     import yaml
 
-    path = os.path.join(profiles_dir, "policy.yml")
+    path = os.path.join(profiles_dir, POLICY_FILE)
     with open(path, encoding="utf-8") as f:
         policy = yaml.safe_load(f)
-    if (
-        not isinstance(policy, dict)
-        or not policy.get("default_profile")
-        or not isinstance(policy.get("rules"), list)
-    ):
-        raise ValueError(f"{path}: needs default_profile and a list of rules")
-    for rule in policy["rules"]:
-        rid = rule.get("id", "?")
-        missing = [
-            k
-            for k in ("id", "archs", "versions", "purposes", "action", "says", "fixed", "sources")
-            if k not in rule
-        ]
-        if missing:
-            raise ValueError(f"{path}: rule {rid} lacks {', '.join(missing)}")
-        if rule["action"] not in ACTIONS:
-            raise ValueError(
-                f"{path}: rule {rid}: action {rule['action']!r} is not one of {', '.join(ACTIONS)}"
-            )
-        if "tilelang" in rule and rule["action"] not in ("warn", "note"):
-            raise ValueError(f"{path}: rule {rid}: a tilelang condition is for warn and note rules only")
-        if not set(rule["purposes"]) <= set(PURPOSES):
-            raise ValueError(f"{path}: rule {rid}: purposes must be among {', '.join(PURPOSES)}")
-        arch_in("sm_90", rule["archs"])
-        for package, spec in rule["versions"].items():
-            if _normalise(package) not in POLICY_PACKAGES:
-                raise ValueError(f"{path}: rule {rid}: {package} is not one of {', '.join(POLICY_PACKAGES)}")
-            version_in("0", spec)
-    return policy
-
-
-def list_profiles(profiles_dir: str) -> list[str]:
-    return sorted(
-        d
-        for d in os.listdir(profiles_dir)
-        if os.path.isfile(os.path.join(profiles_dir, d, "pyproject.toml"))
-        and os.path.isfile(os.path.join(profiles_dir, d, "uv.lock"))
-    )
+    return stack_facts.check_policy(policy, path, list_profiles(profiles_dir))
 
 
 def read_profile(profiles_dir: str, name: str) -> dict[str, Any]:
@@ -127,15 +68,11 @@ def read_profile(profiles_dir: str, name: str) -> dict[str, Any]:
     import tomllib  # Python >= 3.11: the controller
 
     root = os.path.join(profiles_dir, name)
-    with open(os.path.join(root, "uv.lock"), "rb") as f:
-        lock = tomllib.load(f)
+    with open(os.path.join(root, "uv.lock"), encoding="utf-8") as f:
+        locked, _ = stack_facts.parse_lock(f.read())
     with open(os.path.join(root, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f).get("project", {})
-    versions: dict[str, str] = {}
-    for package in lock.get("package", []):
-        pname = _normalise(package.get("name", ""))
-        if pname in POLICY_PACKAGES and "version" in package:
-            versions.setdefault(pname, package["version"])
+    versions = {p: locked[p] for p in POLICY_PACKAGES if p in locked}
     extras = project.get("optional-dependencies", {})
     tilelang = [
         extra
@@ -143,6 +80,25 @@ def read_profile(profiles_dir: str, name: str) -> dict[str, Any]:
         if any((m := _REQ_NAME.match(r)) and _normalise(m.group(1)) == "tilelang" for r in reqs)
     ]
     return {"name": name, "versions": versions, "extras": sorted(extras), "tilelang_extras": tilelang}
+
+
+def write_shipped(profiles_dir: str, out: str, packages: tuple[str, ...]) -> bool:
+    """The doctor's shipped_profiles.json at `out`, from profiles/ (stack_facts.shipped), written where it
+    differs; whether it did."""
+    import json
+
+    text = json.dumps(
+        stack_facts.shipped(profiles_dir, load_policy(profiles_dir), packages), indent=1, sort_keys=True
+    )
+    try:
+        with open(out, encoding="utf-8") as f:
+            if f.read() == text + "\n":
+                return False
+    except FileNotFoundError:
+        pass
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    return True
 
 
 def _describe(gpus: list[dict[str, Any]]) -> str:
@@ -169,12 +125,9 @@ def evaluate(
     refusals: list[tuple[dict[str, Any], str]] = []
     deferred = []
     for rule in policy["rules"]:
-        hit = [g for g in gpus if arch_in(arch_of(g["compute_cap"]), rule["archs"])]
-        locked = profile["versions"]
-        if not hit or not all(
-            _normalise(p) in locked and version_in(locked[_normalise(p)], s)
-            for p, s in rule["versions"].items()
-        ):
+        archs = stack_facts.rule_hits(rule, [arch_of(g["compute_cap"]) for g in gpus], profile["versions"])
+        hit = [g for g in gpus if arch_of(g["compute_cap"]) in archs]
+        if not hit:
             continue
         where = f"{_describe(hit)}, {_locks(profile, rule['versions'])}"
         if purpose not in rule["purposes"]:

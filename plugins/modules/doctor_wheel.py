@@ -8,7 +8,10 @@ DOCUMENTATION = r"""
 module: doctor_wheel
 short_description: Have the doctor's wheel on the controller, built only when its sources changed
 description:
-  - Runs on the controller, in process (an action plugin). Checks that O(uv) exists, builds the doctor's
+  - Runs on the controller, in process (an action plugin). First writes the shipped profiles and stack
+    policy the doctor carries (C(src/mlstack_doctor/shipped_profiles.json), where it differs) from the
+    collection's C(profiles/) beside O(src), so a changed profile or rule is a changed source.
+  - Checks that O(uv) exists, builds the doctor's
     wheel from O(src) into O(dist_dir) with C(uv build --wheel) (fixed timestamps, so an unchanged doctor
     builds the same wheel) only where no wheel is there or the sources' checksum differs from the one kept
     beside it (C(mlstack_doctor.src-sha1)), then returns the newest wheel with its checksum and version.
@@ -20,7 +23,7 @@ options:
     type: path
     required: true
   src:
-    description: The doctor's source folder (pyproject.toml, src/).
+    description: The doctor's source folder (pyproject.toml, src/), beside the collection's profiles/.
     type: path
     required: true
   dist_dir:

@@ -42,7 +42,7 @@ options:
     description: The node's containers as the inventory lists them (V(entries) takes any shape and names what is wrong).
     type: raw
   profiles_dir:
-    description: The stack profiles' folder on the controller; a named profile must have a uv.lock there.
+    description: The stack profiles' folder on the controller; a named profile must be one of its folders (profile.yml, pyproject.toml, uv.lock).
     type: path
   choices:
     description: Each container's stack choice by vmid; memory_mb and disk_gb against its profile.yml.

@@ -20,8 +20,8 @@ import yaml
 from mlstack_testbed import client
 
 REPO = Path(__file__).resolve().parents[2]
-# The Ansible of the interpreter running the tests: .venv's (ansible-core 2.19), or the 2.21 controller's
-# under `make test-core221`.
+# The Ansible of the interpreter running the tests: .venv's, or the second controller's (the other stack)
+# under `make test-other-stack`.
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -54,8 +54,8 @@ class PlaybookRun:
 # The provisioned container that the files which only read one share (tests/provision/conftest.py's
 # default_ct): test_doctor_defaults.py and test_monitor.py.
 DEFAULT_CT_VMID = 150
-# What the stack policy chooses for a new container where the GPU architecture is unknown.
-DEFAULT_PROFILE = "torch211-triton37-fla06"
+# What the stack policy chooses for a new container where the GPU architecture is unknown: its default.
+DEFAULT_PROFILE = yaml.safe_load((REPO / "profiles" / "policy.yml").read_text())["default_profile"]
 TESTBED_CLI = REPO / "testbed" / "testbed"
 
 

@@ -1,10 +1,10 @@
-"""The stack policy's rules as the doctor evaluates them (mlstack_doctor.policy over the shipped rules)."""
+"""The stack policy's rules as the doctor evaluates them (facts/stack.py over the shipped rules)."""
 
 from __future__ import annotations
 
 import pytest
-from mlstack_doctor import policy
 from mlstack_doctor import profile as prof
+from mlstack_doctor.facts import stack as policy
 
 RULES = prof.shipped_data()["rules"]
 

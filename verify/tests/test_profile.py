@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from doctor_testlib import write_lock
 from mlstack_doctor import profile as prof
+from mlstack_doctor.facts import stack
 
 LOCK_WITH_OVERRIDE = """version = 1
 revision = 3
@@ -36,7 +38,7 @@ source = { registry = "https://pypi.org/simple" }
 @pytest.mark.parametrize("parser", ["tomllib", "minimal"])
 def test_lock_parsing(tmp_path: Path, parser: str) -> None:
     text = LOCK_WITH_OVERRIDE
-    packages, overrides = prof._parse_lock(text) if parser == "tomllib" else prof._parse_lock_minimal(text)
+    packages, overrides = stack.parse_lock(text) if parser == "tomllib" else stack._parse_lock_minimal(text)
     assert packages["torch"] == "2.11.0+cu130" and packages["triton"] == "3.7.0"
     assert packages["flash-linear-attention"] == "0.5.1"
     if parser == "tomllib":
@@ -98,14 +100,34 @@ SHIPPED = sorted(prof.shipped())
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_doctor_carries_the_shipped_profiles_and_policy_as_they_are() -> None:
-    """shipped_profiles.json is profiles/ as the doctor needs it; a changed lock or rule without it fails
-    here (python -m mlstack_doctor.profile write-shipped profiles writes it again)."""
+def test_the_doctor_reads_the_shipped_profiles_and_policy_from_profiles() -> None:
+    """Run from the checkout, the doctor's shipped profiles are profiles/ itself: its folders, policy.yml's
+    default and rules (a wheel carries the same, written by its build)."""
     yaml = pytest.importorskip("yaml")
     policy = yaml.safe_load((ROOT / "profiles" / "policy.yml").read_text())
-    want = prof.shipped_from(ROOT / "profiles", policy)
-    assert prof.shipped_data() == want, "run: python -m mlstack_doctor.profile write-shipped profiles"
-    assert SHIPPED == sorted(p.parent.name for p in (ROOT / "profiles").glob("*/uv.lock"))
+    data = prof.shipped_data()
+    assert (data["default_profile"], data["rules"]) == (policy["default_profile"], policy["rules"])
+    assert SHIPPED == stack.list_profiles(str(ROOT / "profiles"))
+
+
+def test_a_wheel_reads_what_its_build_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a checkout (no profiles/ beside the sources) the doctor reads shipped_profiles.json."""
+    pytest.importorskip("yaml")
+    written = prof.shipped_from(ROOT / "profiles")
+    package = tmp_path / "mlstack_doctor"
+    package.mkdir()
+    (package / prof.SHIPPED_FILE).write_text(json.dumps(written))
+    monkeypatch.setattr(prof, "CHECKOUT_PROFILES", tmp_path / "profiles")
+    monkeypatch.setattr(prof.resources, "files", lambda _: package)
+    prof.shipped_data.cache_clear()
+    try:
+        assert prof.shipped_data() == json.loads(json.dumps(written))
+        (package / prof.SHIPPED_FILE).unlink()
+        prof.shipped_data.cache_clear()
+        with pytest.raises(prof.ProfileError, match=r"carries no shipped_profiles\.json"):
+            prof.shipped_data()
+    finally:
+        prof.shipped_data.cache_clear()
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -127,7 +149,7 @@ def test_no_profile_pins_nothing_but_needs_the_stack() -> None:
     [
         {"torch": "2.11.0", "triton": "3.7.1", "flash-linear-attention": "0.6.0", "fla-core": "0.6.0"},
         {
-            "torch": "2.13.0",
+            "torch": "2.0.0",
             "triton": "3.7.1",
             "flash-linear-attention": "0.6.0",
             "fla-core": "0.6.0",

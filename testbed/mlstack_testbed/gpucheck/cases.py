@@ -20,7 +20,10 @@ from typing import Any
 
 from .host import REPO, CannotRun, Host
 
-DOCTOR_MP = "/opt/mlstack/doctor"
+# The doctor's sources and the stack profiles inside, laid out as in the checkout (verify/src beside
+# profiles/), where the doctor finds the shipped profiles and policy it judges a stack by.
+DOCTOR_MP = "/opt/mlstack/verify/src"
+PROFILES_MP = "/opt/mlstack/profiles"
 WRONG_GID = 0  # PVE's default gid when devN has none: root's group, which an ML user is not in
 USER_UID, USER_GROUPS = 1000, "44"  # the non-root user inside: in `video` (44), as our devN gid assumes
 
@@ -77,6 +80,7 @@ def build_cases(host: Host, args: argparse.Namespace, filt: types.ModuleType) ->
     """The cases asked for (--cases, default all), vmids from --vmid-base on in the order above."""
     devs = filt.device_options(host.nodes, "all", host.device_gid, host.device_mode)
     mounts = [{"host": str(REPO / "verify" / "src"), "ct": DOCTOR_MP, "ro": True}]
+    mounts += [{"host": str(REPO / "profiles"), "ct": PROFILES_MP, "ro": True}]
     mounts += [{"host": m, "ct": m, "ro": True} for m in host.python_mounts]
     libs = [{"host": host.lib_dir, "ct": host.ct_lib_dir, "ro": True}] if host.lib_dir else []
     with_libs = filt.mount_options(mounts + libs)

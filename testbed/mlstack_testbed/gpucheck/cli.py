@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from mlstack_doctor.facts.stack import DEFAULT_PURPOSE, PURPOSES
+
 from .. import paths
 from ..lxc import hostroot
 from .cases import build_cases, load_filter, set_aside_uncheckable
@@ -73,7 +75,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the stack profile the doctor checks versions against (a profiles/<name> folder or its "
         "uv.lock; default: none: the doctor pins nothing and names the shipped profile the stack matches)",
     )
-    p.add_argument("--purpose", default="training", choices=("training", "inference"))
+    p.add_argument("--purpose", default=DEFAULT_PURPOSE, choices=PURPOSES)
     p.add_argument(
         "--python", default=sys.executable, help="the interpreter the doctor tests (default: this one)"
     )

@@ -173,13 +173,6 @@ def test_the_run_entry_point_offers_every_tier() -> None:
     assert spec("doctor")["run"]["options"]["doctor_run_tier"]["choices"] == list(engine.TIERS)
 
 
-def test_the_stack_policy_knows_the_doctors_purposes() -> None:
-    """The collection's copy (module_utils cannot import the doctor) is the doctor's list."""
-    from ansible_collections.mlstack.pve.plugins.module_utils import stack_policy
-
-    assert tuple(stack_policy.PURPOSES) == settings.PURPOSES
-
-
 NCCL = """
 - hosts: localhost
   connection: local

@@ -3,16 +3,16 @@
 Inside a provisioned container the doctor's settings name the lock its venv was built from
 (mlstack_doctor.settings). Elsewhere, without --profile, the doctor checks no pins: only combinations
 known not to work (FLA against the fla-core it pins, torch's own triton pin, the stack policy's rules;
-policy.py), and says which shipped profile the installed stack matches. The shipped profiles (the
-collection's profiles/<name>/uv.lock) travel with the doctor as shipped_profiles.json, written by
-`python -m mlstack_doctor.profile write-shipped PROFILES_DIR` and kept equal to profiles/ by a test.
+facts/stack.py), and says which shipped profile the installed stack matches. The shipped profiles (the
+collection's profiles/: each folder's uv.lock, policy.yml's default and rules) travel with the doctor's
+wheel as shipped_profiles.json, which its build writes from profiles/ (the collection's doctor_wheel
+action); run from a checkout, the doctor reads profiles/ itself. Nothing restates them.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 # The packages of the stack whose versions the doctor checks, by distribution name (STACK).
+from mlstack_doctor.facts import stack
 from mlstack_doctor.facts.packages import STACK
 
 SHIPPED_FILE = "shipped_profiles.json"
@@ -57,58 +58,7 @@ def unpinned() -> Profile:
     )
 
 
-def normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _parse_lock_minimal(text: str) -> tuple[dict[str, str], dict[str, str]]:
-    """Python 3.10 has no tomllib: read [[package]] name/version pairs line by line."""
-    packages: dict[str, str] = {}
-    in_pkg = False
-    name: str | None = None
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("["):
-            in_pkg = line == "[[package]]"
-            name = None
-            continue
-        if not in_pkg:
-            continue
-        m = re.match(r'(name|version)\s*=\s*"([^"]*)"', line)
-        if not m:
-            continue
-        if m.group(1) == "name":
-            name = normalize(m.group(2))
-        elif name is not None and name not in packages:
-            packages[name] = m.group(2)
-    overrides = {}
-    for m in re.finditer(r'\{\s*name\s*=\s*"([^"]+)"\s*,\s*specifier\s*=\s*"([^"]*)"\s*\}', text):
-        if (
-            "overrides" in text[: m.start()].rsplit("[", 1)[-1]
-            or "override" in text[max(0, m.start() - 200) : m.start()]
-        ):
-            overrides[normalize(m.group(1))] = m.group(2)
-    return packages, overrides
-
-
-def _parse_lock(text: str) -> tuple[dict[str, str], dict[str, str]]:
-    if sys.version_info < (3, 11):  # noqa: UP036 - the doctor supports 3.10 (no tomllib)
-        return _parse_lock_minimal(text)
-    import tomllib
-
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"uv.lock is not valid TOML: {exc}") from exc
-    packages: dict[str, str] = {}
-    for pkg in data.get("package", []):
-        if isinstance(pkg, dict) and "name" in pkg and "version" in pkg:
-            packages.setdefault(normalize(str(pkg["name"])), str(pkg["version"]))
-    overrides: dict[str, str] = {}
-    for item in data.get("manifest", {}).get("overrides", []) or []:
-        if isinstance(item, dict) and "name" in item:
-            overrides[normalize(str(item["name"]))] = str(item.get("specifier", ""))
-    return packages, overrides
+normalize = stack.normalize
 
 
 def load_lock(path: Path, spec: str) -> Profile:
@@ -116,17 +66,34 @@ def load_lock(path: Path, spec: str) -> Profile:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ProfileError(f"profile {spec!r}: cannot read {path}: {exc}") from exc
-    packages, overrides = _parse_lock(text)
+    try:
+        packages, overrides = stack.parse_lock(text)
+    except ValueError as exc:
+        raise ProfileError(f"profile {spec!r}: {path}: {exc}") from exc
     expect = {name: packages[name] for name in STACK if name in packages}
     if not expect:
         raise ProfileError(f"profile {spec!r}: {path} locks none of {', '.join(STACK)}")
     return Profile(path.parent.name or str(path), str(path), expect, overrides)
 
 
+# The collection's profiles/ where the doctor runs from its sources, laid out as in the checkout
+# (verify/src/mlstack_doctor beside profiles/; the testbed mounts both so).
+CHECKOUT_PROFILES = Path(__file__).resolve().parents[3] / "profiles"
+
+
 @cache
 def shipped_data() -> dict[str, Any]:
-    """The shipped profiles and stack policy as the doctor carries them (shipped_profiles.json)."""
-    text = resources.files("mlstack_doctor").joinpath(SHIPPED_FILE).read_text(encoding="utf-8")
+    """The shipped profiles and stack policy: read from the checkout's profiles/ where the doctor runs from
+    its sources, else as its wheel carries them (shipped_profiles.json, written by the build)."""
+    if (CHECKOUT_PROFILES / stack.POLICY_FILE).is_file():
+        return shipped_from(CHECKOUT_PROFILES)
+    try:
+        text = resources.files("mlstack_doctor").joinpath(SHIPPED_FILE).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ProfileError(
+            f"this doctor carries no {SHIPPED_FILE}: build its wheel with the collection's doctor role "
+            f"(it writes the file from profiles/), or run it from a checkout ({exc})"
+        ) from exc
     return json.loads(text)
 
 
@@ -225,36 +192,15 @@ def unpaired_fla(found: dict[str, str | None], requires: list[str]) -> dict[str,
     }
 
 
-def shipped_from(profiles_dir: Path, policy: dict[str, Any]) -> dict[str, Any]:
-    """What shipped_profiles.json holds: each profiles/<name>/uv.lock's stack versions and overrides, the
-    policy's default profile and its rules (`policy`: profiles/policy.yml, parsed)."""
-    profiles = {}
-    for lock in sorted(profiles_dir.glob("*/uv.lock")):
-        p = load_lock(lock, lock.parent.name)
-        profiles[lock.parent.name] = {"expect": p.expect, "overrides": p.overrides}
-    return {
-        "written_by": "python -m mlstack_doctor.profile write-shipped profiles (edits are replaced)",
-        "default_profile": policy["default_profile"],
-        "profiles": profiles,
-        "rules": policy["rules"],
-    }
+def shipped_from(profiles_dir: Path) -> dict[str, Any]:
+    """What shipped_profiles.json holds, read from a checkout's profiles/ (PyYAML: a tool of the checkout,
+    never needed at run time in a container)."""
+    import yaml
 
-
-def main(argv: list[str] | None = None) -> int:
-    """`write-shipped PROFILES_DIR`: write shipped_profiles.json beside this module (PyYAML needed)."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0] != "write-shipped":
-        sys.stderr.write("usage: python -m mlstack_doctor.profile write-shipped PROFILES_DIR\n")
-        return 2
-    import yaml  # a tool of the checkout, never needed at run time
-
-    profiles_dir = Path(args[1])
-    policy = yaml.safe_load((profiles_dir / "policy.yml").read_text(encoding="utf-8"))
-    out = Path(__file__).with_name(SHIPPED_FILE)
-    out.write_text(json.dumps(shipped_from(profiles_dir, policy), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    policy_file = profiles_dir / stack.POLICY_FILE
+    policy = stack.check_policy(
+        yaml.safe_load(policy_file.read_text(encoding="utf-8")),
+        str(policy_file),
+        stack.list_profiles(str(profiles_dir)),
+    )
+    return stack.shipped(str(profiles_dir), policy, STACK)

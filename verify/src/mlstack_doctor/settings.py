@@ -26,12 +26,14 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+# What a container is for (PURPOSES; training: a backward FLA refuses fails, inference: forward only) is
+# defined once, with the stack's other facts; the doctor's callers read it here.
+from mlstack_doctor.facts.stack import DEFAULT_PURPOSE as DEFAULT_PURPOSE
+from mlstack_doctor.facts.stack import PURPOSES
+
 PATH = "/etc/mlstack/doctor.json"
 ENV = "MLSTACK_DOCTOR_SETTINGS"
 
-# What a container is for: training (a backward FLA refuses fails) or inference (forward only).
-PURPOSES = ("training", "inference")
-DEFAULT_PURPOSE = PURPOSES[0]
 
 # key -> its JSON type
 KEYS: dict[str, type] = {

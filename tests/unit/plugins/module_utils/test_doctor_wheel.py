@@ -5,11 +5,13 @@ the action, as a play runs it, returns the wheel with its checksum and version a
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from ansible_collections.mlstack.pve.plugins.module_utils import doctor_wheel
+from ansible_collections.mlstack.pve.plugins.module_utils import doctor_wheel, stack_policy
+from ansible_collections.mlstack.pve.plugins.module_utils.stack_packages import STACK
 from localplay import run_module
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -81,6 +83,10 @@ def test_a_failed_build_says_what_uv_said(tmp_path: Path) -> None:
 
 def test_the_action_returns_the_wheel_and_names_a_missing_uv(tmp_path: Path) -> None:
     src, dist = sources(tmp_path), tmp_path / "dist"
+    shutil.copytree(ROOT / "profiles", tmp_path / "profiles")
+    shipped = src / "src" / "mlstack_doctor" / "shipped_profiles.json"
+    shipped.parent.mkdir()
+    stack_policy.write_shipped(str(tmp_path / "profiles"), str(shipped), STACK)
     dist.mkdir()
     (dist / "mlstack_doctor-0.3.1-py3-none-any.whl").write_bytes(b"built before")
     (dist / doctor_wheel.STAMP).write_text(doctor_wheel.source_sha1(str(src)) + "\n")
@@ -94,3 +100,25 @@ def test_the_action_returns_the_wheel_and_names_a_missing_uv(tmp_path: Path) -> 
         "mlstack.pve.doctor_wheel", {"uv": str(tmp_path / "no-uv"), "src": str(src), "dist_dir": str(dist)}
     )
     assert missing["failed"] and f"{tmp_path}/no-uv does not exist" in missing["msg"], missing
+
+
+def test_the_action_writes_the_shipped_profiles_first_so_a_changed_rule_builds_again(tmp_path: Path) -> None:
+    """The doctor's shipped_profiles.json is written from profiles/ beside its sources before the build: a
+    changed rule changes the sources, and the wheel is built again (here by /bin/false: it fails)."""
+    src, dist = sources(tmp_path), tmp_path / "dist"
+    args = {"uv": "/bin/false", "src": str(src), "dist_dir": str(dist)}
+    missing = run_module("mlstack.pve.doctor_wheel", args)
+    assert missing["failed"] and "there is no such folder" in missing["msg"], missing
+    shutil.copytree(ROOT / "profiles", tmp_path / "profiles")
+    shipped = src / "src" / "mlstack_doctor" / "shipped_profiles.json"
+    shipped.parent.mkdir()
+    stack_policy.write_shipped(str(tmp_path / "profiles"), str(shipped), STACK)
+    dist.mkdir()
+    (dist / "mlstack_doctor-0.3.1-py3-none-any.whl").write_bytes(b"built before")
+    (dist / doctor_wheel.STAMP).write_text(doctor_wheel.source_sha1(str(src)) + "\n")
+    assert not run_module("mlstack.pve.doctor_wheel", args).get("failed")
+    policy = tmp_path / "profiles" / "policy.yml"
+    policy.write_text(policy.read_text().replace("open (outside Triton's supported hardware)", "still open"))
+    rebuilt = run_module("mlstack.pve.doctor_wheel", args)
+    assert rebuilt["failed"] and "/bin/false" in rebuilt["msg"], rebuilt
+    assert "still open" in shipped.read_text()

@@ -19,6 +19,7 @@ COPIES = {
     "nvidia.py": "nvidia_facts.py",
     "libcuda.py": "libcuda_facts.py",
     "packages.py": "stack_packages.py",
+    "stack.py": "stack_facts.py",
 }
 
 

@@ -8,10 +8,10 @@ import os
 import re
 from pathlib import Path
 
-from mlstack_doctor import policy
 from mlstack_doctor import profile as prof
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import fix_for
+from mlstack_doctor.facts import stack
 from mlstack_doctor.record import Result, Stage, failed, passed, warned
 
 
@@ -95,7 +95,7 @@ def _gpu_archs(ctx: Context) -> list[str]:
     """The archs (sm_90) of the GPUs NVML or torch reported earlier in this run; [] where none did."""
     gpus = ctx.facts.get("nvml_gpus") or ctx.facts.get("gpus") or []
     return sorted(
-        {a for g in gpus if isinstance(g, dict) and (a := policy.arch_of(g.get("compute_capability")))}
+        {a for g in gpus if isinstance(g, dict) and (a := stack.arch_of(g.get("compute_capability")))}
     )
 
 
@@ -193,7 +193,7 @@ def package_versions(ctx: Context) -> Result:
         }
         return passed(name, stage, summary, **ev)
     versions = {**found, **{d: installed(d) for d in POLICY_ONLY}}
-    rules = policy.applying(prof.shipped_data()["rules"], versions, archs, ctx.opts.purpose)
+    rules = stack.applying(prof.shipped_data()["rules"], versions, archs, ctx.opts.purpose)
     ev["policy"] = {"archs": archs, "rules": rules}
     bad = [r for r in rules if r["action"] == "refuse"] or [
         r for r in rules if r["action"] in ("warn", "add_extra")

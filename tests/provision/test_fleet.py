@@ -34,7 +34,7 @@ VENV_PYTHON = "/opt/mlstack/venv/bin/python"
 RECORD = """
 import json, shutil, sys
 from pathlib import Path
-from mlstack_doctor import warm
+from mlstack_doctor.cache import warm
 ev = json.loads(sys.stdin.read())
 cache = Path(ev["cache_dir"])
 e = cache / "RECORDEDH200WARMCHUNKFWDKERNELO"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
-from mlstack_doctor.config_stamp import STAMP_DIR  # noqa: E402
+from mlstack_doctor.cache.config_stamp import STAMP_DIR  # noqa: E402
 
 
 def once(tier: str, extra: list[str], cache: str) -> tuple[float, int, str | None]:

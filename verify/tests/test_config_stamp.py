@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from doctor_testlib import doctor_env, run_doctor
-from mlstack_doctor import config_stamp
+from mlstack_doctor.cache import config_stamp
 from mlstack_doctor.probes.model import BUILTIN, CONFIGS
 
 TINY = CONFIGS / BUILTIN["tiny"]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from doctor_testlib import doctor_env, run_doctor
-from mlstack_doctor import engine, kernel_cache
+from mlstack_doctor import engine
+from mlstack_doctor.cache import kernel_cache
 
 
 def entry(cache: Path, name: str = "k1") -> Path:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from doctor_testlib import SRC
-from mlstack_doctor import metrics
+from mlstack_doctor.ops import metrics
 
 NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -314,8 +314,9 @@ def test_the_skip_command_line(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(SRC))
 
     def skip(reason: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "mlstack_doctor.metrics", "--run-skipped", reason, "--tier", "quick"]
-        return subprocess.run([*argv, str(prom)], capture_output=True, text=True, env=env, timeout=60)
+        argv = [sys.executable, "-m", "mlstack_doctor.ops.metrics", "--run-skipped", reason]
+        argv += ["--tier", "quick", str(prom)]
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
 
     r = skip("gpu_busy")
     assert r.returncode == 0, r.stderr

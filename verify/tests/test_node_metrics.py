@@ -1,4 +1,4 @@
-"""The node's collector (python -m mlstack_doctor.node_metrics): each running container's doctor.prom read
+"""The node's collector (python -m mlstack_doctor.ops.node_metrics): each running container's doctor.prom read
 with lxc-attach, strictly parsed, relabelled with its vmid and merged into one file for the node's
 node_exporter. The container read is the boundary: stubbed by an injected reader, or by a fake lxc-attach
 script for the real reader (timeouts, size limit, lxc-attach's errors). No LXC is touched here; the
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from doctor_testlib import VERIFY
-from mlstack_doctor import metrics, node_metrics
-from mlstack_doctor.node_metrics import NoFile, ReadError
+from mlstack_doctor.ops import metrics, node_metrics
+from mlstack_doctor.ops.node_metrics import NoFile, ReadError
 from test_metrics import one, parse_strict, report, values
 
 Entry = str | Exception
@@ -399,7 +399,9 @@ def _wheel(tmp_path: Path) -> Path:
     )
     assert r.returncode == 0, r.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("mlstack_doctor-*.whl")
-    assert "mlstack_doctor/node_metrics.py" in zipfile.ZipFile(wheel).namelist()
+    # The ops package ships whole: the node's collector, and the monitor body the schedule writes.
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"mlstack_doctor/ops/node_metrics.py", "mlstack_doctor/ops/monitor.sh"} <= names, sorted(names)
     return wheel
 
 
@@ -416,15 +418,15 @@ def test_the_node_runs_it_from_the_wheel_by_zip_import(tmp_path: Path) -> None:
             [python, "-s", *args], capture_output=True, text=True, env=env, cwd=work, timeout=60
         )
 
-    r = py("-m", "mlstack_doctor.node_metrics", "--help")
+    r = py("-m", "mlstack_doctor.ops.node_metrics", "--help")
     assert r.returncode == 0 and "--lxc-attach" in r.stdout, r.stderr
-    r = py("-c", "import mlstack_doctor.node_metrics as m; print(m.__file__)")
-    assert r.stdout.strip() == f"{wheel}/mlstack_doctor/node_metrics.py", r.stdout + r.stderr
+    r = py("-c", "import mlstack_doctor.ops.node_metrics as m; print(m.__file__)")
+    assert r.stdout.strip() == f"{wheel}/mlstack_doctor/ops/node_metrics.py", r.stdout + r.stderr
     attach = fake_lxc_attach(tmp_path / "fake", {"101.prom": doctor_file(("fast", True))})
     out = tmp_path / "mlstack.prom"
     r = py(
         "-m",
-        "mlstack_doctor.node_metrics",
+        "mlstack_doctor.ops.node_metrics",
         "--out",
         str(out),
         "--lxc-attach",

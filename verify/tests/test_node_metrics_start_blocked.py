@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlstack_doctor import node_metrics
+from mlstack_doctor.ops import node_metrics
 from test_metrics import parse_strict
 
 

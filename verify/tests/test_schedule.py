@@ -1,4 +1,4 @@
-"""The doctor's schedule (python -m mlstack_doctor.schedule): files written only where they differ, stale
+"""The doctor's schedule (python -m mlstack_doctor.ops.schedule): files written only where they differ, stale
 tiers removed with the metrics file, timers enabled, started or restarted as needed, and what changed
 said as JSON. systemctl is the boundary stubbed here; tests/provision/test_monitor.py runs it under a
 container's real systemd."""
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from doctor_testlib import SRC
-from mlstack_doctor import schedule
+from mlstack_doctor.ops import schedule
 
 
 class FakeSystemd:
@@ -225,7 +225,7 @@ def test_a_bad_spec_is_refused_saying_why(tmp_path: Path, change: Any, says: str
 
 
 def test_the_command_prints_what_changed_and_exits_2_on_a_bad_spec(tmp_path: Path) -> None:
-    env_cmd = [sys.executable, "-m", "mlstack_doctor.schedule"]
+    env_cmd = [sys.executable, "-m", "mlstack_doctor.ops.schedule"]
     env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}
     bad = subprocess.run([*env_cmd, "apply", "{}"], capture_output=True, text=True, env=env, check=False)
     assert bad.returncode == 2 and "bad spec: the spec lacks script" in bad.stderr

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlstack_doctor import runner, warm
+from mlstack_doctor import runner
+from mlstack_doctor.cache import warm
 from mlstack_doctor.context import Context, Options
 from mlstack_doctor.probes import warm as warm_probe
 from mlstack_doctor.record import Status

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlstack_doctor import cli, engine, kernel_cache, warm, warm_share
+from mlstack_doctor import cli, engine
+from mlstack_doctor.cache import kernel_cache, warm, warm_share
 from mlstack_doctor.context import Context, Options
 from mlstack_doctor.files import sha256_of
 from mlstack_doctor.probes import warm as warm_probe

@@ -51,7 +51,10 @@ def test_a_rerun_reads_once_and_a_drifted_command_is_put_back(tmp_path: Path) ->
     # The folder, the wheel and the command in one task (no systemd here: no units, no timer).
     assert first.returncode == 0 and "changed=1" in first.stdout, first.stdout[-3000:]
     script = tmp_path / "node" / "mlstack-node-metrics"
-    assert "-m mlstack_doctor.node_metrics" in script.read_text() and oct(script.stat().st_mode)[-3:] == "755"
+    assert (
+        "-m mlstack_doctor.ops.node_metrics" in script.read_text()
+        and oct(script.stat().st_mode)[-3:] == "755"
+    )
     wheel = "mlstack_doctor-0.1.0-py3-none-any.whl"
     assert (tmp_path / "node" / "dist" / wheel).read_bytes() == (tmp_path / "dist" / wheel).read_bytes()
 
@@ -67,7 +70,7 @@ def test_a_rerun_reads_once_and_a_drifted_command_is_put_back(tmp_path: Path) ->
     repaired = play(tmp_path)
     assert "changed=1" in repaired.stdout
     assert "Install the node's metrics command, its units and the doctor wheel" in ran(repaired)
-    assert "-m mlstack_doctor.node_metrics" in script.read_text()
+    assert "-m mlstack_doctor.ops.node_metrics" in script.read_text()
 
 
 def test_disabled_removes_what_it_finds_then_changes_nothing(tmp_path: Path) -> None:

@@ -8,10 +8,11 @@ import sys
 import traceback
 from dataclasses import replace
 
-from mlstack_doctor import __version__, engine, metrics, procenv, profile, render, reuse, settings
+from mlstack_doctor import __version__, engine, procenv, profile, render, reuse, settings
 from mlstack_doctor.context import Context, Options
 from mlstack_doctor.engine import Probe
 from mlstack_doctor.files import write_atomic
+from mlstack_doctor.ops import metrics
 from mlstack_doctor.record import Result, Stage, Status
 
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 1, 2

@@ -15,7 +15,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlstack_doctor import experiment, kernel_cache, procenv, runner
+from mlstack_doctor import experiment, procenv, runner
+from mlstack_doctor.cache import kernel_cache
 from mlstack_doctor.diagnosis import CODES, match
 
 

@@ -14,7 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mlstack_doctor import kernel_cache, runner
+from mlstack_doctor import runner
+from mlstack_doctor.cache import kernel_cache
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import fix_for
 from mlstack_doctor.probes.toolchain import triton_cache_path

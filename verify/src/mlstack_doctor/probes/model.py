@@ -10,7 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mlstack_doctor import config_stamp, runner, safetensors_header, warm
+from mlstack_doctor import runner, safetensors_header
+from mlstack_doctor.cache import config_stamp, warm
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
 from mlstack_doctor.peaks import bf16_peak

@@ -5,9 +5,9 @@ autotuner (`'NoneType' object is not a mapping`, triton-lang/triton#11494). Tune
 disk (FLA passes cache_results=True), so one single-thread pass over the training shapes makes the
 first real training step race-free. The warm step runs a depth-reduced copy of the model config (same
 widths, one layer of each type: autotune keys depend on widths, not on depth), at the training shapes,
-forward and backward, and skips when its cache key (mlstack_doctor.warm) is already warm.
+forward and backward, and skips when its cache key (mlstack_doctor.cache.warm) is already warm.
 
-With --warm-share, the cluster's cache (mlstack_doctor.warm_share): a cold key is installed from the
+With --warm-share, the cluster's cache (mlstack_doctor.cache.warm_share): a cold key is installed from the
 share's artifact of that key instead of warmed (checked first; refused, it is warmed here as without a
 share), and a sound warm (passed, backward warmed) the share lacks is published to it. --warm-plan
 decides, and installs what the share holds, but never warms: its caller fetches the artifact of the key
@@ -21,7 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mlstack_doctor import runner, warm, warm_share
+from mlstack_doctor import runner
+from mlstack_doctor.cache import warm, warm_share
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import classify, fix_for
 from mlstack_doctor.probes import caches, gpu

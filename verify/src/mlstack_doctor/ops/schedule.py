@@ -1,6 +1,6 @@
 """The doctor's scheduled runs inside a container: systemd timers running mlstack-doctor-monitor.
 
-`python -m mlstack_doctor.schedule apply SPEC` writes the monitor script and one service and one timer
+`python -m mlstack_doctor.ops.schedule apply SPEC` writes the monitor script and one service and one timer
 per tier, removes the units of tiers no longer scheduled, and enables and starts the timers;
 `... remove SPEC` takes it all away. Each prints one JSON object saying what it changed, so Ansible
 (roles/doctor_monitor) does the whole job in one command and reports changed only when something was.
@@ -37,7 +37,7 @@ from mlstack_doctor.settings import PURPOSES
 
 UNIT_PREFIX = "mlstack-doctor-"
 TIER = re.compile(r"^[a-z][a-z0-9_-]*$")
-WRITTEN_BY = "# Written by python -m mlstack_doctor.schedule (provision.yml); edits are replaced."
+WRITTEN_BY = "# Written by python -m mlstack_doctor.ops.schedule (provision.yml); edits are replaced."
 SETTINGS = ("venv", "triton_cache_root", "model", "purpose", "expect_gpu", "when_busy")
 
 Systemctl = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
@@ -126,7 +126,7 @@ def render_script(spec: Spec) -> str:
     }
     head = ["#!/bin/sh", WRITTEN_BY]
     head += [f"{k}={shlex.quote(v)}" for k, v in values.items()]
-    body = resources.files("mlstack_doctor").joinpath("monitor.sh").read_text(encoding="utf-8")
+    body = resources.files("mlstack_doctor.ops").joinpath("monitor.sh").read_text(encoding="utf-8")
     return "\n".join(head) + "\n" + body
 
 
@@ -293,7 +293,7 @@ def remove(spec: Spec, systemctl: Systemctl = _systemctl) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m mlstack_doctor.schedule",
+        prog="python -m mlstack_doctor.ops.schedule",
         description="Schedule the doctor's runs in this container (systemd timers), or remove them. "
         "Prints {changed, actions} as JSON.",
     )

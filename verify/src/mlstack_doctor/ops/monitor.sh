@@ -88,7 +88,7 @@ if [ "$tier" != fast ]; then
         busy=$(gpu_busy)
         if [ -n "$busy" ]; then
             say "skipping: the GPUs are busy ($busy); doctor_monitor_when_busy: true runs it anyway"
-            "$active/bin/python" -m mlstack_doctor.metrics --run-skipped gpu_busy --tier "$tier" "$prom"
+            "$active/bin/python" -m mlstack_doctor.ops.metrics --run-skipped gpu_busy --tier "$tier" "$prom"
             exit 0
         fi
         say "no job holds the GPUs: running"

@@ -12,7 +12,7 @@ claim it was proven, 0 would count the failure that skipped it twice, or turn a 
 it is listed in `mlstack_doctor_probe_skipped` with the failed probe that skipped it, if any.
 
 A scheduled run that did not happen (the GPUs busy with training) is recorded with
-`python -m mlstack_doctor.metrics --run-skipped REASON --tier TIER FILE`: the tier's last verdict stays,
+`python -m mlstack_doctor.ops.metrics --run-skipped REASON --tier TIER FILE`: the tier's last verdict stays,
 and `mlstack_doctor_run_skipped` says since when and why, until that tier runs again.
 """
 
@@ -346,7 +346,7 @@ def write_run_skipped(path: str | Path, tier: str, reason: str, now: float | Non
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m mlstack_doctor.metrics",
+        prog="python -m mlstack_doctor.ops.metrics",
         description="Record in the doctor's metrics file that a scheduled run was skipped, and why.",
     )
     p.add_argument("--run-skipped", metavar="REASON", required=True, help="e.g. gpu_busy")

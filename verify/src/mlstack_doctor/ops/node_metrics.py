@@ -1,6 +1,6 @@
 """The doctor metrics of all a Proxmox VE node's containers in one file, for the node's node_exporter.
 
-Run on the node as root (`python -m mlstack_doctor.node_metrics`): for each running container
+Run on the node as root (`python -m mlstack_doctor.ops.node_metrics`): for each running container
 (`lxc-ls --running -1`; PVE names them by vmid) it reads the container's
 /var/lib/mlstack/metrics/doctor.prom with `lxc-attach -n VMID --clear-env -- cat FILE`, inside the
 container's namespaces. Never through /proc/PID/root: the path would be resolved on the node, where an
@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from mlstack_doctor.files import write_atomic
-from mlstack_doctor.metrics import FAMILIES, Sample, parse, render
+from mlstack_doctor.ops.metrics import FAMILIES, Sample, parse, render
 
 CONTAINER_FILE = "/var/lib/mlstack/metrics/doctor.prom"
 # Debian's prometheus-node-exporter reads this folder (--collector.textfile.directory).
@@ -45,7 +45,7 @@ NODE_FAMILIES: dict[str, str] = {
         "collector, 0 when not (no file yet, unreadable, unparsable or timed out)"
     ),
     "mlstack_node_metrics_last_run_timestamp_seconds": (
-        "When python -m mlstack_doctor.node_metrics last wrote this file (Unix time)"
+        "When python -m mlstack_doctor.ops.node_metrics last wrote this file (Unix time)"
     ),
     "mlstack_ct_start_blocked": (
         "1 for a container whose last start the node's GPU hookscript refused, with its reason "
@@ -270,7 +270,7 @@ def _positive(text: str) -> float:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m mlstack_doctor.node_metrics",
+        prog="python -m mlstack_doctor.ops.node_metrics",
         description=(
             "On a Proxmox VE node, as root: gather the doctor metrics of the running containers into one "
             "file for the node's node_exporter (textfile collector)."

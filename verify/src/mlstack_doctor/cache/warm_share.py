@@ -1,6 +1,6 @@
 """The cluster's warm caches: a warmed key's Triton cache as one artifact, published once, installed.
 
-The warm step tunes every kernel training calls for one cache key (mlstack_doctor.warm: GPU, stack,
+The warm step tunes every kernel training calls for one cache key (mlstack_doctor.cache.warm: GPU, stack,
 config, shapes). Every node of the same key would tune the same configs again, and a cold node meets
 the autotuner race until it is warm. So the first node that warms a key publishes that key's cache to a
 share folder, and the next node of the same key installs it instead of warming:
@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from mlstack_doctor import kernel_cache, warm
+from mlstack_doctor.cache import kernel_cache, warm
 from mlstack_doctor.files import read_json_object, sha256_of, write_atomic
 
 SHARE_DIR = "mlstack-share"  # a node's own share folder inside its cache (the controller's copies land here)

@@ -2,18 +2,35 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The machine's python3 (the venv's bin comes first on PATH below): it builds the venv and decides its stack.
+PYTHON3 := $(or $(shell command -v python3),python3)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: venv host-packages testbed provision verify test test-core221 lint unit down purge
+.PHONY: venv host-packages testbed provision verify test test-other-stack lint unit down purge FORCE
 
-$(VENV)/.done: requirements-controller.txt requirements-controller.lock verify/pyproject.toml tools/venv-install
-	python3 -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && python3 -m venv $(VENV); }
-	tools/venv-install $(VENV) requirements-controller.txt requirements-controller.lock -e ./verify
+# The controller's Ansible (tools/controller_stack.py decides, from python3's version): ansible-core 2.21
+# (ansible 14) where python3 is 3.12 or newer, ansible-core 2.19 (ansible 12) on 3.11. CONTROLLER_STACK=core219
+# or core221 asks for one; core221 on Python 3.11 is refused, with the reason, when the venv is built.
+CONTROLLER_STACK ?=
+# `NAME REQUIREMENTS LOCK`; empty where python3 cannot run the stack asked for.
+STACK := $(shell $(PYTHON3) tools/controller_stack.py $(CONTROLLER_STACK) 2>/dev/null)
+STACK_NAME := $(word 1,$(STACK))
+# The stack the venv holds: its stamp's text (empty in venvs made before it named one: core219's).
+VENV_STACK := $(if $(wildcard $(VENV)/.done),$(or $(shell cat $(VENV)/.done),core219))
+
+# Another stack than the venv holds remakes it from nothing, not over the other's packages.
+$(VENV)/.done: $(wordlist 2,3,$(STACK)) verify/pyproject.toml tools/venv-install tools/controller_stack.py $(if $(filter-out $(STACK_NAME),$(VENV_STACK)),FORCE)
+	@$(PYTHON3) tools/controller_stack.py $(CONTROLLER_STACK) >/dev/null
+	$(if $(filter-out $(STACK_NAME),$(VENV_STACK)),rm -rf $(VENV))
+	$(PYTHON3) -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON3) -m venv $(VENV); }
+	tools/venv-install $(VENV) $(wordlist 2,3,$(STACK)) -e ./verify
 	# Make this checkout resolvable as the collection mlstack.pve (ansible.cfg collections_path).
 	mkdir -p $(VENV)/collections/ansible_collections/mlstack
 	ln -sfn $(CURDIR) $(VENV)/collections/ansible_collections/mlstack/pve
-	touch $@
+	echo $(STACK_NAME) >$@
+
+FORCE:
 
 venv: $(VENV)/.done
 
@@ -42,24 +59,25 @@ lint: venv
 unit: venv
 	pytest -q verify/tests tests/unit
 
-# Command 2: lint and every suite (unit, the testbed's, molecule, ansible-core 2.21's provisioning) as
+# Command 2: lint and every suite (unit, the testbed's, molecule, the other stack's provisioning) as
 # steps of tests/lanes.py: side by side where they only wait on I/O, each on its own vmids and reports/;
 # progress on the console, each step's log and --durations in build/test-lanes/. MLSTACK_TEST_LANES=1
 # runs them one after the other. Its first step is `make testbed`, with the unit tests and lint beside it.
 test: venv host-packages
-	CORE221_TESTS="$(CORE221_TESTS)" $(PY) tests/lanes.py
+	OTHER_STACK_TESTS="$(OTHER_STACK_TESTS)" $(PY) tests/lanes.py
 
-# Provisioning again with ansible-core 2.21 (ansible 14.x, community.proxmox 2.x), which needs Python >= 3.12:
-# the machine's python3 on Debian 13, a Debian trixie controller container on Debian 12 (testbed/README.md).
+# Provisioning again on the controller stack beside .venv's (`tools/controller_stack.py --beside .venv`):
+# ansible-core 2.21 where .venv holds 2.19 (Debian 12: in a Debian trixie controller container, since 2.21
+# needs Python >= 3.12), ansible-core 2.19 where .venv holds 2.21 (a venv .venv-core219); testbed/README.md.
 # `make test` runs the lifecycle (create, rerun with changed=0, verify, destroy), API tokens and bad input
-# there, within CI's time; the whole provisioning suite: make test-core221 CORE221_TESTS="tests/provision
-# --deselect tests/provision/test_readme_commands.py" (README's own commands run .venv's Ansible, 2.19, only).
-# `make test` runs the same as its steps core221-controller and core221-<file> (tests/lanes.py).
-CORE221_TESTS ?= tests/provision/test_lifecycle.py tests/provision/test_api_token.py tests/provision/test_bad_input.py
-test-core221: testbed
+# there, within CI's time, as its steps <stack>-controller and <stack>-<file> (tests/lanes.py); the whole
+# provisioning suite: make test-other-stack OTHER_STACK_TESTS="tests/provision --deselect
+# tests/provision/test_readme_commands.py" (README's own commands run .venv's Ansible only).
+OTHER_STACK_TESTS ?= tests/provision/test_lifecycle.py tests/provision/test_api_token.py tests/provision/test_bad_input.py
+test-other-stack: testbed
 	testbed/testbed controller up
 	testbed/testbed controller run -- ansible --version
-	testbed/testbed controller run -- pytest -q --durations=10 $(CORE221_TESTS)
+	testbed/testbed controller run -- pytest -q --durations=10 $(OTHER_STACK_TESTS)
 
 down:
 	testbed/testbed down

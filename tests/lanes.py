@@ -3,15 +3,15 @@ Ansible inside real testbed containers), never two at once that could disturb ea
 
 What each step holds decides what may run beside it:
 - vmids: the containers its tests make; two steps sharing a vmid never run at once (CT 128 of
-  tests/provision is also CT 128 of the ansible-core 2.21 controller's run of the same file).
+  tests/provision is also CT 128 of the other controller stack's run of the same file).
 - node: "exclusive" for tests that change the testbed node's global state (the GPU model its nvidia-smi
   reports, the API server killed and restarted, `testbed up` rewriting sshd's keys): nothing else that
   uses the node runs meanwhile. "shared" for the rest; "none" for what never touches the node.
 - isolated: the step runs in a mount namespace of its own where the folders a playbook run writes in the
   checkout (reports/: fleet.json, the doctor's reports; build/dist and the doctor's setuptools build
   folders) are folders of the step's own, so a test that reads reports/fleet.json reads its own run's.
-  The ansible-core 2.21 steps run in the controller container, which sees the checkout's own folders:
-  they hold one lock, so one at a time writes there.
+  The other stack's steps run in the second controller (testbed/testbed controller), which sees the
+  checkout's own folders: they hold one lock, so one at a time writes there.
 
 The first step brings the testbed up (`make testbed`); the unit tests and lint, which need no testbed, run
 beside it, and every other step waits for it (and is not run if it fails).
@@ -38,6 +38,9 @@ from pathlib import Path
 from lanes_cpu import CpuLedger
 from skips import allowed
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import controller_stack
+
 REPO = Path(__file__).resolve().parents[1]
 LOGS = REPO / "build" / "test-lanes"
 PYTEST = [sys.executable, "-m", "pytest", "-q", "--durations=30", "-p", "tests.lanes_collect"]
@@ -46,11 +49,17 @@ TEST_ROOTS = ("verify/tests", "tests/unit", "tests/provision", "tests/faults", "
 TESTBED = "testbed/testbed"
 # Folders of the checkout a playbook run writes to (roles doctor, fleet_report): one set per step.
 ISOLATED = ("reports", "build/dist", "verify/build", "verify/src/mlstack_doctor.egg-info")
-# The files `make test-core221` runs again with ansible-core 2.21 (the Makefile passes its own list).
-CORE221_TESTS = os.environ.get(
-    "CORE221_TESTS",
+# The controller stack beside the one of the venv running the suites (ansible-core 2.21 beside 2.19, 2.19
+# beside 2.21): `testbed/testbed controller` holds it, and its steps are named after it.
+OTHER_STACK = controller_stack.other(controller_stack.installed(Path(sys.prefix), sys.version_info[:2]))
+# The files `make test-other-stack` runs again on it (the Makefile passes its own list).
+OTHER_STACK_TESTS = os.environ.get(
+    "OTHER_STACK_TESTS",
     "tests/provision/test_lifecycle.py tests/provision/test_api_token.py tests/provision/test_bad_input.py",
 ).split()
+# The unit tests of the execution environment (its stack's Ansible and collections) run where that stack is.
+EE_TESTS = ("tests/unit/test_execution_environment.py",)
+OTHER_CONTROLLER = f"{OTHER_STACK.name}-controller"
 
 
 def span(*parts: int | tuple[int, int]) -> frozenset[int]:
@@ -152,8 +161,17 @@ PLAN = [
     # ruff and ansible-lint (`make lint`): minutes of CPU, beside the node-exclusive step's waits.
     Step("lint", argv=("make", "--no-print-directory", "lint"), node="none", isolated=False, testbed=False),
     Step(
-        "core221-controller",
-        argv=("sh", "-c", f"{TESTBED} controller up && {TESTBED} controller run -- ansible --version"),
+        OTHER_CONTROLLER,
+        argv=(
+            "sh",
+            "-c",
+            f"{TESTBED} controller up && {TESTBED} controller run -- ansible --version"
+            + (
+                f" && {TESTBED} controller run -- pytest -q -p no:cacheprovider {' '.join(EE_TESTS)}"
+                if OTHER_STACK.name == controller_stack.EXECUTION_ENVIRONMENT
+                else ""
+            ),
+        ),
         node="none",
         isolated=False,
     ),
@@ -234,9 +252,10 @@ def first_failure(lines: list[str], tail: int, context: int = 40) -> str:
 
 
 def plan(extra: list[str]) -> list[Step]:
-    """Every step in priority order: the 2.21 reruns right after the steps whose vmids they wait for."""
+    """Every step in priority order: the other stack's reruns right after the steps whose vmids they wait
+    for."""
     cut = next(i for i, s in enumerate(PLAN) if s.name == "bad-input") + 1
-    steps = [*PLAN[:cut], *core221_steps(extra), *PLAN[cut:]]
+    steps = [*PLAN[:cut], *other_stack_steps(extra), *PLAN[cut:]]
     for s in steps:
         if s.testbed and s.name != TESTBED_UP and TESTBED_UP not in s.after:
             s.after = (TESTBED_UP, *s.after)
@@ -271,11 +290,11 @@ def runs(step: Step, path: str) -> bool:
     )
 
 
-def core221_split() -> tuple[list[str], list[str]]:
-    """CORE221_TESTS as (test paths, pytest options such as `--deselect PATH`)."""
+def other_stack_split() -> tuple[list[str], list[str]]:
+    """OTHER_STACK_TESTS as (test paths, pytest options such as `--deselect PATH`)."""
     paths: list[str] = []
     options: list[str] = []
-    tokens = iter(CORE221_TESTS)
+    tokens = iter(OTHER_STACK_TESTS)
     for token in tokens:
         if token in ("--deselect", "--ignore", "-k", "-m"):
             options += [token, next(tokens, "")]
@@ -286,21 +305,19 @@ def core221_split() -> tuple[list[str], list[str]]:
     return paths, options
 
 
-def core221_steps(extra: list[str]) -> list[Step]:
-    """The provisioning files again on ansible-core 2.21, one step per path, each holding the vmids (and
-    the node, where a node-exclusive step runs the file) of the steps that run it here."""
-    paths, options = core221_split()
+def other_stack_steps(extra: list[str]) -> list[Step]:
+    """The provisioning files again on the other controller stack, one step per path, each holding the
+    vmids (and the node, where a node-exclusive step runs the file) of the steps that run it here."""
+    paths, options = other_stack_split()
     steps = []
     for path in paths:
         here = [s for s in PLAN if s.paths and runs(s, path)]
         node = "exclusive" if any(s.node == "exclusive" for s in here) else "shared"
-        name = "core221-" + Path(path).stem.removeprefix("test_").replace("_", "-")
+        name = f"{OTHER_STACK.name}-" + Path(path).stem.removeprefix("test_").replace("_", "-")
         argv = (TESTBED, "controller", "run", "--", "pytest", "-q", "--durations=10", path, *options, *extra)
         vmids = frozenset().union(*(s.vmids for s in here))
         # The controller container sees the checkout's own reports/ (bound when it started): one at a time.
-        steps.append(
-            Step(name, argv=argv, vmids=vmids, node=node, after=("core221-controller",), isolated=False)
-        )
+        steps.append(Step(name, argv=argv, vmids=vmids, node=node, after=(OTHER_CONTROLLER,), isolated=False))
         steps[-1].locks = ("checkout-reports",)
     return steps
 
@@ -340,7 +357,7 @@ SKIPPED = re.compile(r"\b(\d+) skipped\b")
 
 def judge_skips(step: Step) -> None:
     """Its counts and skips from its pytest's own results, each skip judged by the allow-list. A step
-    whose log counts skips that no outcomes file itemises (pytest without the plugin: the ansible-core 2.21
+    whose log counts skips that no outcomes file itemises (pytest without the plugin: the other stack's
     controller's) holds them as unjudged, so not allowed."""
     if step.outcomes.exists():
         data = json.loads(step.outcomes.read_text())
@@ -444,12 +461,12 @@ class Runner:
         self.say(f"{step.name} {step.state} in {step.seconds:.0f} s: {step.note or step.summary}")
 
     def holder(self, key: int | str) -> str | None:
-        """The running step a container's CPU counts to: the one holding its vmid; the ansible-core 2.21
+        """The running step a container's CPU counts to: the one holding its vmid; the other stack's
         controller's to the step running in it (one at a time holds it)."""
         for s in self.steps:
             if s.state != "running":
                 continue
-            if key in s.vmids or (isinstance(key, str) and s.name.startswith("core221-")):
+            if key in s.vmids or (isinstance(key, str) and s.name.startswith(f"{OTHER_STACK.name}-")):
                 return s.name
         return None
 
@@ -577,7 +594,8 @@ class Runner:
         missing = sorted(set(tree) - set(ran))
         text = (
             f"tests: {len(tree)} collected in the tree ({' '.join(TEST_ROOTS)}); the steps collected "
-            f"{len(ran)} of them, {sum(ran.values()) - len(ran)} a second time (ansible-core 2.21, `again`); "
+            f"{len(ran)} of them, {sum(ran.values()) - len(ran)} a second time "
+            f"({OTHER_STACK.name}, `again`); "
             f"{len(missing)} in no step"
         )
         if missing and len(self.steps) == len(plan([])):

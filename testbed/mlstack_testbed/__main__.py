@@ -485,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     pk = sub.add_parser("packages", help="install the machine's packages `up` needs (idempotent), only those")
     pk.add_argument("--tests", action="store_true", help="and those `make test`'s suites need")
     ctl = sub.add_parser(
-        "controller", help="a second Ansible controller, ansible-core 2.21 (testbed/README.md): up|run|down"
+        "controller",
+        help="a second Ansible controller, the stack beside .venv's (testbed/README.md): up|run|down",
     )
     controller.add_arguments(ctl)
     args = parser.parse_args(argv)

@@ -1,9 +1,12 @@
-"""`testbed controller up|run|down`: a second Ansible controller, ansible-core 2.21 (the `ansible` 14.x
-package, community.proxmox 2.x), beside the checkout's .venv (ansible-core 2.19), against the same testbed.
+"""`testbed controller up|run|down`: a second Ansible controller beside the checkout's .venv, against the
+same testbed, holding the other controller stack (tools/controller_stack.py): ansible-core 2.21 (the
+`ansible` 14.x package, community.proxmox 2.x) where .venv holds 2.19, ansible-core 2.19 where .venv holds
+2.21.
 
-ansible-core 2.21 needs Python >= 3.12 on the controller. Where the machine's python3 has it (Debian 13),
-the controller is a venv, <repo>/.venv-core221. Where it does not (Debian 12: 3.11), the controller is a
-Debian trixie LXC container (`mlstack-controller-core221`, Python 3.13) holding that venv:
+Where the machine's python3 runs that stack, the controller is a venv, <repo>/.venv-<stack> (Debian 13:
+.venv-core219). Where it does not (Debian 12's 3.11 and ansible-core 2.21, which needs Python >= 3.12),
+the controller is a Debian trixie LXC container (`mlstack-controller-core221`, Python 3.13) holding that
+venv:
 
 - privileged, because the checkout and the testbed's state (0600 keys and secrets) are bind-mounted into
   it at the same absolute paths, and its root must read and write them as the machine's root does (an
@@ -25,12 +28,14 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -40,16 +45,34 @@ from .lxc import rootfs
 from .node import host_setup
 from .proc import report_up, run, say
 
-NAME = "mlstack-controller-core221"
+
+def _controller_stack():
+    """tools/controller_stack.py, the one table of the controller stacks (a script, not a package)."""
+    if "controller_stack" in sys.modules:  # tests/lanes.py imported it
+        return sys.modules["controller_stack"]
+    spec = importlib.util.spec_from_file_location(
+        "controller_stack", paths.REPO_DIR / "tools/controller_stack.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["controller_stack"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# The stack beside the one the checkout's venv holds (testbed/testbed runs on $MLSTACK_VENV, else .venv).
+MAIN_VENV = Path(os.environ.get("MLSTACK_VENV", paths.REPO_DIR / ".venv"))
+_stacks = _controller_stack()
+STACK = _stacks.other(_stacks.installed(MAIN_VENV, sys.version_info[:2]))
+NAME = f"mlstack-controller-{STACK.name}"
 SUITE = "trixie"
 # tini as PID 1: it reaps what ansible-playbook and ssh leave behind, which `sleep` as PID 1 would not.
 PACKAGES = "python3,python3-venv,openssh-client,ca-certificates,git,make,tini"
-MIN_PYTHON = (3, 12)
-REQUIREMENTS = paths.REPO_DIR / "requirements-controller-core221.txt"
-LOCK = paths.REPO_DIR / "requirements-controller-core221.lock"
+REQUIREMENTS = paths.REPO_DIR / STACK.requirements
+LOCK = paths.REPO_DIR / STACK.lock
 # What installs the pins into a venv (uv; pip where uv fails), as for the checkout's .venv.
 VENV_INSTALL = paths.REPO_DIR / "tools" / "venv-install"
-HOST_VENV = paths.REPO_DIR / ".venv-core221"
+HOST_VENV = paths.REPO_DIR / f".venv-{STACK.name}"
 
 CT_DIR = paths.LXC_PATH / NAME
 ROOTFS = CT_DIR / "rootfs"
@@ -140,8 +163,8 @@ def python_version(python: str) -> tuple[int, int]:
 
 
 def in_container() -> bool:
-    """The machine's python3 decides: older than ansible-core 2.21 allows -> the trixie container."""
-    return python_version(host_python()) < MIN_PYTHON
+    """The machine's python3 decides: older than the stack's ansible-core allows -> the trixie container."""
+    return not _stacks.runs_on(STACK, python_version(host_python()))
 
 
 def requirements_digest(python: str) -> str:
@@ -264,7 +287,7 @@ def config_text() -> str:
         if re.search(r"\s", str(d)):
             raise RuntimeError(f"{d} has white space in its path, which an lxc.mount.entry cannot hold")
     lines = [
-        f"# {NAME}: ansible-core 2.21 on Debian {SUITE}'s Python (testbed/mlstack_testbed/controller.py)",
+        f"# {NAME}: {STACK.ansible} on Debian {SUITE}'s Python (testbed/mlstack_testbed/controller.py)",
         f"lxc.include = {paths.lxc_config_dir()}/common.conf",
         f"lxc.uts.name = {NAME}",
         f"lxc.rootfs.path = dir:{ROOTFS}",

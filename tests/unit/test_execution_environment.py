@@ -1,10 +1,15 @@
 """The execution environment AWX runs the playbooks in: `ansible-builder create` writes its build context
 from execution-environment.yml and the collection's meta/execution-environment.yml, and what that context
-installs is what the test controller runs (requirements-controller.lock, the collections its `ansible`
-bundles). No image is built: there is no container engine here."""
+installs is what the controller stack it is built on runs (tools/controller_stack.py's
+EXECUTION_ENVIRONMENT: its lock, the collections its `ansible` bundles). No image is built: there is no
+container engine here.
+
+The collections' versions are read from that stack's installed `ansible`, so the file runs on that stack's
+Ansible: .venv's where it holds it, else the second controller's (`make test`'s <stack>-controller step)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -23,6 +28,10 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+import controller_stack  # noqa: E402
+
+EE_STACK = controller_stack.by_name(controller_stack.EXECUTION_ENVIRONMENT)
 BIN = Path(sys.executable).parent
 GALAXY = str(BIN / "ansible-galaxy")
 # What the plugins and roles need on the controller (proxmoxer and requests: community.proxmox's API
@@ -60,14 +69,31 @@ def pins(lines: list[str]) -> dict[str, str]:
 
 
 def locked() -> dict[str, str]:
-    return pins((REPO / "requirements-controller.lock").read_text().splitlines())
+    return pins((REPO / EE_STACK.lock).read_text().splitlines())
+
+
+if importlib.metadata.version("ansible-core") != locked()["ansible-core"]:
+    pytest.skip(
+        f"the execution environment is {EE_STACK.name}'s (ansible-core {locked()['ansible-core']}): this "
+        f"Python's is {importlib.metadata.version('ansible-core')}; `make test`'s {EE_STACK.name}-controller "
+        "step runs this file",
+        allow_module_level=True,
+    )
+
+
+def bundled_collection(fqcn: str) -> Path:
+    """Where the locked `ansible` package holds a collection."""
+    namespace, name = fqcn.split(".")
+    return Path(sysconfig.get_paths()["purelib"]) / "ansible_collections" / namespace / name
+
+
+def bundled_collection_info(fqcn: str) -> dict:
+    """A collection's collection_info as the locked `ansible` package bundles it (its MANIFEST.json)."""
+    return json.loads((bundled_collection(fqcn) / "MANIFEST.json").read_text())["collection_info"]
 
 
 def bundled_collection_version(fqcn: str) -> str:
-    """The version of a collection the locked `ansible` package bundles (its MANIFEST.json)."""
-    namespace, name = fqcn.split(".")
-    collection = Path(sysconfig.get_paths()["purelib"]) / "ansible_collections" / namespace / name
-    return json.loads((collection / "MANIFEST.json").read_text())["collection_info"]["version"]
+    return bundled_collection_info(fqcn)["version"]
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +151,12 @@ def test_collections_are_the_tested_ones(context: Context) -> None:
         version = by_name[fqcn]["version"]
         assert version == bundled_collection_version(fqcn), f"{fqcn}: not the locked ansible's version"
         assert Version(version) in SpecifierSet(constraint), f"{fqcn} {version}: galaxy.yml says {constraint}"
+    pinned = {c["name"]: c["version"] for c in galaxy if c.get("type") != "file"}
+    for fqcn, version in pinned.items():
+        assert version == bundled_collection_version(fqcn), f"{fqcn}: not the locked ansible's version"
+        # What a pinned collection needs is pinned too (else Galaxy's newest would come).
+        for dependency in bundled_collection_info(fqcn)["dependencies"]:
+            assert dependency in pinned, f"{dependency} (a dependency of {fqcn}) is not pinned"
     (own,) = [c for c in galaxy if c.get("type") == "file"]
     # Installed in the galaxy stage from /build (the context's _build), and it is this version.
     tarball = context.path / "_build" / own["name"]
@@ -141,11 +173,13 @@ def galaxy_stage(context: Context, tmp_path_factory: pytest.TempPathFactory) -> 
     build = root / "build"
     shutil.copytree(context.path / "_build", build)
     collections = root / "collections"
-    community = collections / "ansible_collections" / "community"
-    community.mkdir(parents=True)
-    bundled = Path(sysconfig.get_paths()["purelib"]) / "ansible_collections" / "community"
-    for name in ("proxmox", "general"):
-        (community / name).symlink_to(bundled / name, target_is_directory=True)
+    for wanted in yaml.safe_load((build / "requirements.yml").read_text())["collections"]:
+        if wanted.get("type") != "file":
+            namespace, name = wanted["name"].split(".")
+            (collections / "ansible_collections" / namespace).mkdir(parents=True, exist_ok=True)
+            (collections / "ansible_collections" / namespace / name).symlink_to(
+                bundled_collection(wanted["name"]), target_is_directory=True
+            )
     (root / "ansible.cfg").write_text("[defaults]\n")
     env = {
         "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
@@ -186,18 +220,32 @@ def test_system_packages_resolve_on_a_debian_controller(context: Context) -> Non
     assert listed.split() == ["openssh-client"]
 
 
+def test_python_runs_the_stack(context: Context) -> None:
+    interpreter = context.definition["dependencies"]["python_interpreter"]
+    found = re.fullmatch(r"/usr/bin/python(\d+)\.(\d+)", interpreter["python_path"])
+    assert found, interpreter
+    version = (int(found.group(1)), int(found.group(2)))
+    assert controller_stack.runs_on(EE_STACK, version), (
+        f"{EE_STACK.ansible} needs Python >= {EE_STACK.python}"
+    )
+    assert interpreter["package_system"] == f"python{version[0]}.{version[1]}"
+    containerfile = (context.path / "Containerfile").read_text()
+    assert f'ARG PYCMD="{interpreter["python_path"]}"' in containerfile, containerfile
+
+
 def test_uv_lands_where_the_doctor_role_looks(context: Context, tmp_path: Path) -> None:
     # The image's step, run here: a Python without uv beside it, uv installed elsewhere on PATH.
     steps = context.definition["additional_build_steps"]["append_final"]
     (step,) = [s for s in steps if "uv" in s]
+    python = Path(context.definition["dependencies"]["python_interpreter"]["python_path"]).name
     python_dir = tmp_path / "usr" / "bin"
     python_dir.mkdir(parents=True)
-    (python_dir / "python3.11").symlink_to(sys.executable)
+    (python_dir / python).symlink_to(sys.executable)
     uv_dir = tmp_path / "usr" / "local" / "bin"
     uv_dir.mkdir(parents=True)
     (uv_dir / "uv").symlink_to(BIN / "uv")
     command = step.removeprefix("RUN ")
-    env = {"PYCMD": str(python_dir / "python3.11"), "PATH": f"{uv_dir}:/usr/bin:/bin"}
+    env = {"PYCMD": str(python_dir / python), "PATH": f"{uv_dir}:/usr/bin:/bin"}
     for _ in range(2):  # a second run (a rebuilt layer) finds it in place
         out = run(["bash", "-c", command], tmp_path, **env).stdout
         assert out.startswith(f"uv {locked()['uv']}"), out

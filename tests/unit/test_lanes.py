@@ -3,6 +3,7 @@ share a vmid (what `make test` relies on to run the suites side by side without 
 
 from __future__ import annotations
 
+import importlib.metadata
 import itertools
 import os
 import subprocess
@@ -31,27 +32,43 @@ def test_every_test_file_runs_in_exactly_one_step(path: str) -> None:
 
 
 def test_steps_beside_each_other_share_only_the_vmids_run_on_both_controllers() -> None:
-    """Two shared steps holding one vmid never run at once; only ansible-core 2.21's reruns of provisioning
+    """Two shared steps holding one vmid never run at once; only the other stack's reruns of provisioning
     files (and CT 139, the foreign guest of lifecycle and bad input) are held twice."""
-    core221 = lanes.core221_steps([])
-    twice = frozenset().union(*(s.vmids for s in core221))
-    steps = [s for s in [*lanes.PLAN, *core221] if s.node != "exclusive"]
+    others = lanes.other_stack_steps([])
+    twice = frozenset().union(*(s.vmids for s in others))
+    steps = [s for s in [*lanes.PLAN, *others] if s.node != "exclusive"]
     for a, b in itertools.combinations(steps, 2):
         assert a.vmids & b.vmids <= twice, (a.name, b.name, sorted(a.vmids & b.vmids))
         assert not a.vmids & b.vmids or lanes.conflicts(a, [b])
 
 
-@pytest.mark.parametrize("step", lanes.core221_steps([]), ids=lambda s: s.name)
-def test_a_core221_step_waits_for_the_step_running_its_file_here(step: lanes.Step) -> None:
+@pytest.mark.parametrize("step", lanes.other_stack_steps([]), ids=lambda s: s.name)
+def test_an_other_stack_step_waits_for_the_step_running_its_file_here(step: lanes.Step) -> None:
     path = next(a for a in step.argv if a.startswith("tests/"))
     here = [s for s in lanes.PLAN if s.paths and lanes.runs(s, path)]
     assert here and all(lanes.conflicts(step, [s]) for s in here)
-    assert step.after == ("core221-controller",)
+    assert step.after == (f"{lanes.OTHER_STACK.name}-controller",)
+    assert step.name.startswith(f"{lanes.OTHER_STACK.name}-")
 
 
-def test_core221_steps_run_one_at_a_time() -> None:
+def test_the_other_stack_is_not_the_one_running_the_suites() -> None:
+    """The provisioning files run again on the stack beside this venv's: 2.21 beside 2.19, and 2.19
+    beside 2.21."""
+    core = importlib.metadata.version("ansible-core")
+    assert lanes.OTHER_STACK.name != {"2.19": "core219", "2.21": "core221"}[core.rsplit(".", 1)[0]]
+
+
+def test_the_execution_environment_runs_on_its_own_stack() -> None:
+    """Its unit tests run in the second controller exactly where that holds the environment's stack (they
+    skip, allowed, in the unit step there)."""
+    (controller,) = [s for s in lanes.PLAN if s.name == f"{lanes.OTHER_STACK.name}-controller"]
+    there = any(path in controller.argv[-1] for path in lanes.EE_TESTS)
+    assert there == (lanes.OTHER_STACK.name == lanes.controller_stack.EXECUTION_ENVIRONMENT)
+
+
+def test_other_stack_steps_run_one_at_a_time() -> None:
     """Their controller writes the checkout's own reports/, which a lifecycle test reads back."""
-    for a, b in itertools.combinations(lanes.core221_steps([]), 2):
+    for a, b in itertools.combinations(lanes.other_stack_steps([]), 2):
         assert lanes.conflicts(a, [b]), (a.name, b.name)
 
 
@@ -192,7 +209,10 @@ def test_the_testbed_comes_up_first_with_only_the_steps_that_need_none_beside_it
     assert beside == ["unit", "lint"]
     assert all(s.node == "none" and not s.testbed for s in steps if s.name in beside)
     free = [s.name for s in steps[1:] if not lanes.conflicts(s, [first])]
-    assert free == [*beside, "core221-controller"]  # which waits for it all the same (its apt packages)
+    assert free == [
+        *beside,
+        f"{lanes.OTHER_STACK.name}-controller",
+    ]  # which waits for it all the same (its apt packages)
     assert lanes.plan([])[1].after == steps[1].after  # planning twice adds nothing twice
 
 

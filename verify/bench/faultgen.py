@@ -24,6 +24,9 @@ or tells to retry with a fresh cache while the ground truth is no version and no
   export PYTHONPATH=/tmp/site:$PWD/verify/src
   python3 verify/bench/faultgen.py --seed 7 --count 40 --jobs 4 --json faultgen.json     # GPU machine
   python3 verify/bench/faultgen.py --seed 7 --count 12 --cpu --python VENV/bin/python    # no GPU
+A long draw runs in parts (a lent GPU gives minutes per command): `--only 0:5` then `--only 5:10` run
+slices of the same draw, `--baseline-json` keeps the unmutated run's result for the next part, each part
+appends its verdicts to `--jsonl` as they come, and `--totals FILE.jsonl` prints the table of them all.
 Standard library only; runs as root. Exit 0 when no verdict is false-red or contradicted.
 """
 
@@ -277,22 +280,34 @@ def run_cases(
     keep: bool,
     profile: str | None,
     warm: Path | None = None,
+    baseline_file: Path | None = None,
+    jsonl: Path | None = None,
 ) -> tuple[Judged, list[Judged]]:
-    """(the unmutated baseline, each case judged against it)."""
+    """(the unmutated baseline, each case judged against it). `baseline_file`: the baseline's result, read
+    when it exists (an earlier part of the same draw ran it), written when not. `jsonl`: each verdict
+    appended as it comes, so a part cut short keeps what it judged."""
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     root = Path(tempfile.mkdtemp(prefix="fault-matrix-gen-"))
     base = Case(-1, ())
     by_name = {c.name: c for c in [base, *cases]}
+    lock = threading.Lock()
     try:
         gen = Generated(python, "quick", cpu, root, profile, gpu_job=not cpu, cases=by_name, warm=warm)
-        o = gen.run(base.row())
-        baseline = gen.judged.get(base.name) or gen.judge(base.row(), None, root / base.name)
-        baseline.seconds = o.seconds
+        if baseline_file is not None and baseline_file.is_file():
+            baseline = Judged(**json.loads(baseline_file.read_text()))
+            print(f"  baseline: read from {baseline_file}", flush=True)
+        else:
+            o = gen.run(base.row())
+            baseline = gen.judged.get(base.name) or gen.judge(base.row(), None, root / base.name)
+            baseline.seconds = o.seconds
+            if baseline_file is not None and not baseline.stack_fails:
+                baseline_file.write_text(json.dumps(asdict(baseline)) + "\n")
         print(
             f"  baseline: job {'fails' if baseline.stack_fails else 'passes'}, root causes "
             + (", ".join(f"{c['probe']}:{c['code']}" for c in baseline.root_causes) or "none")
-            + f" ({o.seconds:.0f} s)",
+            + f" ({baseline.seconds:.0f} s)",
             flush=True,
         )
         if baseline.stack_fails:
@@ -307,6 +322,9 @@ def run_cases(
                 j.verdict, j.detail = "not run", o.detail
             j.seconds = o.seconds
             print(f"  {case.name}: {j.verdict} ({o.seconds:.0f} s)", flush=True)
+            if jsonl is not None:
+                with lock, jsonl.open("a") as f:
+                    f.write(json.dumps(asdict(j)) + "\n")
             return j
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -365,8 +383,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--warm-cache", type=Path, default=None, help="a warmed Triton cache each case starts from (a copy)"
     )
+    p.add_argument("--only", metavar="A:B", help="run the draw's cases A to B-1 only (a part of a long draw)")
+    p.add_argument("--baseline-json", type=Path, help="the unmutated run's result: read if there, else kept")
+    p.add_argument("--jsonl", type=Path, help="append each verdict to this file as it comes")
+    p.add_argument("--totals", type=Path, nargs="+", metavar="JSONL", help="print the saved verdicts' table")
     args = p.parse_args(argv)
+    if args.totals:
+        lines = [ln for f in args.totals for ln in f.read_text().splitlines() if ln.strip()]
+        judged = [Judged(**json.loads(ln)) for ln in lines]
+        print_table(judged, args.seed)
+        t = totals(judged)
+        return 1 if t["false-red"] or t["contradicted_fixes"] else 0
     cases = generate(args.seed, args.count, args.cpu)
+    if args.only:
+        first, _, last = args.only.partition(":")
+        cases = cases[int(first or 0) : int(last) if last else None]
     if args.list:
         for c in cases:
             print(c.name, json.dumps(c.truths), "|", c.row().injection)
@@ -380,7 +411,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         baseline, judged = run_cases(
-            cases, args.python, args.cpu, args.jobs, args.keep, args.profile, args.warm_cache
+            cases,
+            args.python,
+            args.cpu,
+            args.jobs,
+            args.keep,
+            args.profile,
+            args.warm_cache,
+            args.baseline_json,
+            args.jsonl,
         )
     except BaselineFails as exc:
         sys.stderr.write(f"faultgen: {exc}\n")

@@ -226,3 +226,29 @@ def test_experiment_culprits_name_the_mutation_in_the_doctors_words() -> None:
     assert faultgen.culprit_is(cache_dir, {"kind": "cache", "name": "/w/triton_cache_dir-file", "value": ""})
     assert faultgen.culprit_is(ALLOC, {"kind": "env", "name": "PYTORCH_CUDA_ALLOC_CONF", "value": "garbage"})
     assert not faultgen.culprit_is(ALLOC, {"kind": "env", "name": "TORCH_LOGS", "value": "x"})
+
+
+def test_a_long_draw_runs_in_parts_and_their_verdicts_add_up(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A lent GPU gives minutes per command: `--only A:B` runs a slice of the same draw, and `--totals`
+    reads back the verdicts the parts appended, one table and one total over all of them."""
+    draw = faultgen.generate(SEED, 6, cpu=False)
+    assert faultgen.main(["--seed", str(SEED), "--count", "6", "--only", "2:4", "--list"]) == 0
+    listed = [ln.split()[0] for ln in capsys.readouterr().out.splitlines()]
+    assert listed == [c.name for c in draw[2:4]]
+    parts = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    rows = [
+        (parts[0], draw[0], "right", []),
+        (parts[0], draw[1], "wrong", []),
+        (parts[1], draw[2], "half", ["probe:CODE changes versions: pip install x==1"]),
+    ]
+    for path, case, verdict, contra in rows:
+        j = faultgen.Judged(
+            case.name, case.truths, "inj", verdict, True, {"job": "failed"}, contradicted=contra
+        )
+        with path.open("a") as f:
+            f.write(json.dumps(faultgen.asdict(j)) + "\n")
+    assert faultgen.main(["--totals", *map(str, parts)]) == 1  # a contradicted fix fails the run
+    total = capsys.readouterr().out.splitlines()[-1]
+    assert "right 1, half 1, wrong 1" in total and "contradicted_fixes 1" in total, total

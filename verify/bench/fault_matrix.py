@@ -6,7 +6,9 @@ Each row runs in its OWN mount namespace (`unshare -m`: tmpfs and bind mounts ov
 its own environment and, where the row says so, another uid (`setpriv --clear-groups`); the doctor is a
 fresh process (`--json --output`). The machine itself is never changed. Prints one line per row:
 fault | injection | expected | got (every independent root cause: summary.root_causes) | ok | seconds.
-Exit 0 only when every row that ran matches. Standard library only; runs as root.
+Exit 0 only when every row that ran matches. Runs as root; standard library only, and PyYAML to write the
+copied doctor's shipped profiles from profiles/ as its wheel build does (the doctor under test reads that
+file: it never needs PyYAML, as in a container).
 
   export PYTHONPATH=/tmp/site:$PWD/verify/src
   python3 verify/bench/fault_matrix.py --jobs 4 --json matrix.json        # a GPU machine: every row
@@ -35,6 +37,19 @@ sys.path.insert(0, str(FAULTS))
 from fault_rows import PRELUDE, ROWS, Row  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+
+
+def write_shipped(package: Path) -> None:
+    """The doctor's shipped_profiles.json in `package` (a copy of mlstack_doctor), written from profiles/
+    as the doctor's wheel build writes it: a copy has no profiles/ beside it, and a file left in the
+    checkout by an earlier build may be stale."""
+    if str(SRC) not in sys.path:
+        sys.path.insert(0, str(SRC))
+    from mlstack_doctor import profile
+
+    data = profile.shipped_from(PROFILES)
+    (package / profile.SHIPPED_FILE).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 @dataclass
@@ -126,6 +141,7 @@ class Matrix:
         # The doctor's source copied where any uid can read it (a checkout under /root is not).
         self.src = root / "src"
         shutil.copytree(SRC, self.src, ignore=shutil.ignore_patterns("__pycache__"))
+        write_shipped(self.src / "mlstack_doctor")
         os.chmod(root, 0o755)
         self.installed = self._installed()
 

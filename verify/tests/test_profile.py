@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from doctor_testlib import write_lock
+from doctor_testlib import SRC, fake_site, validate, write_lock
 from mlstack_doctor import profile as prof
 from mlstack_doctor.facts import stack
 
@@ -128,6 +131,75 @@ def test_a_wheel_reads_what_its_build_wrote(tmp_path: Path, monkeypatch: pytest.
             prof.shipped_data()
     finally:
         prof.shipped_data.cache_clear()
+
+
+def test_without_pyyaml_a_checkout_names_what_it_cannot_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkout's python without PyYAML cannot read policy.yml: a ProfileError that says so, a shipped
+    name or `default` cannot load, a uv.lock of its own still does."""
+    monkeypatch.setitem(sys.modules, "yaml", None)  # import yaml: ImportError
+    prof.shipped_data.cache_clear()
+    try:
+        with pytest.raises(prof.ProfileError, match="PyYAML"):
+            prof.shipped_data()
+        for name in (prof.DEFAULT, SHIPPED[0]):
+            with pytest.raises(prof.ProfileError, match="shipped profiles cannot be read"):
+                prof.load(name)
+        lock = write_lock(tmp_path / "own", {"torch": "2.11.0", "triton": "3.7.1"})
+        assert prof.load(str(lock.parent)).expect == {"torch": "2.11.0", "triton": "3.7.1"}
+    finally:
+        prof.shipped_data.cache_clear()
+
+
+def test_the_doctor_from_a_checkout_runs_without_pyyaml(tmp_path: Path) -> None:
+    """A bare python (a venv of its own: no PyYAML) runs the doctor from the checkout: --help works, the
+    shipped match and the stack policy are reported not read (a warning, no code), torch's triton pin
+    overridden is not blamed on a profile it could not read, and a shipped profile's name cannot run."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    assert subprocess.run([python, "-c", "import yaml"], capture_output=True).returncode != 0
+    site = fake_site(
+        tmp_path,
+        {
+            "torch": ("2.11.0+cu130", ['triton==3.6.0; platform_system == "Linux"']),
+            "triton": ("3.7.1", []),
+            "flash-linear-attention": ("0.6.0", ["fla-core==0.6.0"]),
+            "fla-core": ("0.6.0", []),
+            "transformers": ("5.17.0", []),
+        },
+    )
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{site}{os.pathsep}{SRC}",
+        TRITON_CACHE_DIR=str(tmp_path / "cache"),
+        MLSTACK_DOCTOR_SETTINGS="",
+    )
+
+    def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [python, "-m", "mlstack_doctor", *args]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+    helped = doctor("--help")
+    assert helped.returncode == 0 and "PyYAML" in helped.stdout, helped.stderr
+    run = doctor(
+        "--tier", "fast", "--no-gpu", "--json", "--quiet", "--only", "package_versions,torch_triton_pin"
+    )
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    validate(report)
+    probes = {p["name"]: p for p in report["probes"]}
+    versions, pin = probes["package_versions"], probes["torch_triton_pin"]
+    assert (versions["status"], versions.get("code")) == ("warn", None) and "PyYAML" in versions["summary"]
+    assert versions["evidence"]["matches_shipped"] is None
+    assert (
+        versions["evidence"]["policy"]["rules"] == []
+        and "PyYAML" in versions["evidence"]["policy"]["not_evaluated"]
+    )
+    assert (pin["status"], pin.get("code")) == ("warn", None) and "is not known" in pin["summary"], pin
+    named = doctor("--tier", "fast", "--no-gpu", "--json", "--quiet", "--profile", prof.DEFAULT)
+    assert named.returncode == 2 and "PyYAML" in named.stderr, named.stderr
 
 
 @pytest.mark.parametrize("name", SHIPPED)

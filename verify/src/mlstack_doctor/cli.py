@@ -61,6 +61,14 @@ The GPU probes run in ONE worker process that imports torch, Triton, transformer
 """
 
 
+def _shipped_names() -> str:
+    """The shipped profiles' names for --help; why there are none where they cannot be read."""
+    try:
+        return ", ".join(sorted(profile.shipped()))
+    except profile.ProfileError as exc:
+        return f"not readable here: {exc}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mlstack-doctor",
@@ -91,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="NAME|default|LOCK|DIR",
         help="expected versions: a shipped profile's name, 'default' (the stack policy's default "
-        f"profile; shipped: {', '.join(sorted(profile.shipped()))}), or a uv.lock / a directory holding "
+        f"profile; shipped: {_shipped_names()}), or a uv.lock / a directory holding "
         "one (default: the settings' lock, else no pins of ours)",
     )
     p.add_argument(

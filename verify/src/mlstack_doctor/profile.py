@@ -6,13 +6,17 @@ known not to work (FLA against the fla-core it pins, torch's own triton pin, the
 facts/stack.py), and says which shipped profile the installed stack matches. The shipped profiles (the
 collection's profiles/: each folder's uv.lock, policy.yml's default and rules) travel with the doctor's
 wheel as shipped_profiles.json, which its build writes from profiles/ (the collection's doctor_wheel
-action); run from a checkout, the doctor reads profiles/ itself. Nothing restates them.
+action); run from a checkout, the doctor reads profiles/ itself, policy.yml with PyYAML (a tool of the
+checkout). Nothing restates them. Where they cannot be read (a checkout's python without PyYAML, a wheel
+built without the file) a ProfileError says why: --profile NAME cannot run, a uv.lock given as --profile
+still can, and package_versions reports the shipped match and the policy's rules as not evaluated.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -110,13 +114,18 @@ def load(spec: str | None) -> Profile:
     uv.lock file, or a directory holding one."""
     if spec is None:
         return unpinned()
-    profiles = shipped()
-    name = shipped_data()["default_profile"] if spec == DEFAULT else spec
-    if name in profiles:
-        return profiles[name]
     path = Path(spec)
     if path.is_dir():
         path = path / "uv.lock"
+    try:
+        profiles = shipped()
+        name = shipped_data()["default_profile"] if spec == DEFAULT else spec
+    except ProfileError as exc:
+        if spec != DEFAULT and path.is_file():  # a lock of its own needs no shipped profile
+            return load_lock(path, spec)
+        raise ProfileError(f"profile {spec!r}: the shipped profiles cannot be read: {exc}") from exc
+    if name in profiles:
+        return profiles[name]
     if not path.is_file():
         raise ProfileError(
             f"profile {spec!r}: no uv.lock at {path}, and not a shipped profile "
@@ -194,10 +203,15 @@ def unpaired_fla(found: dict[str, str | None], requires: list[str]) -> dict[str,
 
 def shipped_from(profiles_dir: Path) -> dict[str, Any]:
     """What shipped_profiles.json holds, read from a checkout's profiles/ (PyYAML: a tool of the checkout,
-    never needed at run time in a container)."""
-    import yaml
-
+    never needed at run time in a container; a python without it raises ProfileError)."""
     policy_file = profiles_dir / stack.POLICY_FILE
+    try:
+        import yaml
+    except ImportError as exc:
+        raise ProfileError(
+            f"{policy_file} is read with PyYAML, which {sys.executable} lacks: install pyyaml there, or run "
+            f"the doctor's wheel (it carries {SHIPPED_FILE})"
+        ) from exc
     policy = stack.check_policy(
         yaml.safe_load(policy_file.read_text(encoding="utf-8")),
         str(policy_file),

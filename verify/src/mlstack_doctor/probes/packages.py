@@ -104,9 +104,21 @@ def package_versions(ctx: Context) -> Result:
     profile = ctx.opts.profile or prof.unpinned()
     found = {d: installed(d) for d in prof.STACK}
     ctx.facts["installed"] = found
-    matched = prof.matching_shipped(found)
+    # The shipped profiles and the policy's rules, where this doctor can read them (profile.ProfileError:
+    # a checkout's python without PyYAML): unread, the match and the rules are not evaluated, not guessed.
+    unread = None
+    try:
+        matched = prof.matching_shipped(found)
+        rules_of_policy = prof.shipped_data()["rules"]
+    except prof.ProfileError as exc:
+        matched, rules_of_policy, unread = [], [], f"shipped profiles not read: {exc}"
+        ctx.facts["shipped_unread"] = unread
     ctx.facts["matches_shipped"] = matched
-    ev: dict[str, object] = {"profile": profile.to_json(), "installed": found, "matches_shipped": matched}
+    ev: dict[str, object] = {
+        "profile": profile.to_json(),
+        "installed": found,
+        "matches_shipped": None if unread else matched,
+    }
     shadow = shadowed(found)
     locked = unreadable_dirs(found)
     if locked:
@@ -185,6 +197,12 @@ def package_versions(ctx: Context) -> Result:
     )
     summary = f"{listed} {checked}{'' if profile.pinned and not matched else shipped}"
     archs = _gpu_archs(ctx)
+    if unread:
+        ev["policy"] = {"archs": archs, "rules": [], "not_evaluated": unread}
+        summary = (
+            f"{listed} {checked}; no shipped profile match and no stack policy rule evaluated ({unread})"
+        )
+        return warned(name, stage, summary, None, None, **ev)
     if not archs:
         ev["policy"] = {
             "archs": [],
@@ -193,7 +211,7 @@ def package_versions(ctx: Context) -> Result:
         }
         return passed(name, stage, summary, **ev)
     versions = {**found, **{d: installed(d) for d in POLICY_ONLY}}
-    rules = stack.applying(prof.shipped_data()["rules"], versions, archs, ctx.opts.purpose)
+    rules = stack.applying(rules_of_policy, versions, archs, ctx.opts.purpose)
     ev["policy"] = {"archs": archs, "rules": rules}
     bad = [r for r in rules if r["action"] == "refuse"] or [
         r for r in rules if r["action"] in ("warn", "add_extra")
@@ -240,6 +258,18 @@ def torch_triton_pin(ctx: Context) -> Result:
             name,
             stage,
             f"triton {triton_v} overrides torch's pin {pinned}, as profile {declared.name} declares",
+            **ev,
+        )
+    unread = ctx.facts.get("shipped_unread")
+    if unread and not (ctx.opts.profile and ctx.opts.profile.pinned):
+        ev["not_evaluated"] = unread
+        return warned(
+            name,
+            stage,
+            f"triton {triton_v} is not torch's pin {pinned}; whether a shipped profile declares that "
+            f"override is not known ({unread})",
+            None,
+            None,
             **ev,
         )
     return warned(

@@ -8,7 +8,8 @@
 #                verdict appended to $OUT/cases.jsonl as it comes and to /tmp/fg-cases.jsonl (all parts)
 #   STAGE=totals the table and totals of every part's verdicts (/tmp/fg-cases.jsonl)
 # /tmp persists while the machine stays warm: send the parts back to back.
-#   Usage: OUT=dir STAGE=setup [WHEELS=.wheels] sh verify/bench/faultgen_gpu.sh
+#   Usage: OUT=dir STAGE=setup [WHEELS=.wheels] [WARM_JOB_S=400] [WARM_DOCTOR_S=300 (0: no doctor run)] \
+#            sh verify/bench/faultgen_gpu.sh
 #          OUT=dir STAGE=cases SEED=n COUNT=n ONLY=A:B [JOBS=8] [BUDGET_S=540] sh verify/bench/faultgen_gpu.sh
 set -eu
 : "${OUT:?}" "${STAGE:?}"
@@ -29,10 +30,12 @@ for d in ("torch", "triton", "flash-linear-attention", "fla-core", "transformers
   cat "$OUT/stack.txt"
   mkdir -p "$WARM"
   # The job once, and the doctor's quick tier once, on the cache the cases copy: their kernels compiled here.
-  TRITON_CACHE_DIR=$WARM timeout 400 python3 verify/tests/faults/workload.py "$OUT/warm-job.json" --gpu \
-    > "$OUT/warm.txt" 2>&1 || true
-  TRITON_CACHE_DIR=$WARM timeout 300 python3 -m mlstack_doctor --tier quick --quiet --json \
-    --output "$OUT/warm-doctor.json" >> "$OUT/warm.txt" 2>&1 || true
+  TRITON_CACHE_DIR=$WARM timeout "${WARM_JOB_S:-400}" python3 verify/tests/faults/workload.py \
+    "$OUT/warm-job.json" --gpu > "$OUT/warm.txt" 2>&1 || true
+  if [ "${WARM_DOCTOR_S:-300}" -gt 0 ]; then
+    TRITON_CACHE_DIR=$WARM timeout "${WARM_DOCTOR_S:-300}" python3 -m mlstack_doctor --tier quick --quiet --json \
+      --output "$OUT/warm-doctor.json" >> "$OUT/warm.txt" 2>&1 || true
+  fi
   cat "$OUT/warm-job.json" 2>/dev/null || tail -20 "$OUT/warm.txt"
   tail -3 "$OUT/warm.txt"
   ;;

@@ -13,6 +13,7 @@ Printed: per stack and path, the step's median seconds, tokens/s and MFU against
 in the same process (bf16 8192^3), the 64-layer estimate, and each row's speed as a ratio of the first.
 
   python3 verify/bench/train_speed.py --stack default=/tmp/site --conv torch,fla --json speed.json
+  python3 verify/bench/train_speed.py --conv-only      # the short convolution alone, both paths
 Needs a CUDA GPU; the doctor's sources (verify/src) are found from this file.
 """
 
@@ -32,6 +33,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 WORKERS = SRC / "mlstack_doctor" / "workers"
 CONFIG = SRC / "mlstack_doctor" / "configs" / "qwen3_5_27b.json"
 MARK = "@@TRAIN_SPEED@@"
+sys.path.insert(0, str(SRC))
 
 
 # --- one measurement, in the stack's own process ------------------------------------------------------
@@ -54,13 +56,22 @@ def _fla_conv_package() -> None:
     sys.modules["causal_conv1d"] = mod
 
 
+def _conv_shape() -> tuple[int, int]:
+    """The Gated DeltaNet short convolution's channels (q, k and v side by side) and kernel width."""
+    from mlstack_doctor.cache.warm import warm_config
+
+    t = warm_config(json.loads(CONFIG.read_text()), 0)
+    keys = t["linear_num_key_heads"] * t["linear_key_head_dim"]
+    return 2 * keys + t["linear_num_value_heads"] * t["linear_value_head_dim"], t["linear_conv_kernel_dim"]
+
+
 def _conv_agreement(torch: Any) -> dict[str, float]:
     """FLA's conv against F.conv1d at the model's conv width and kernel: output and gradients."""
     import torch.nn.functional as F
     from fla.modules.causal_conv1d import causal_conv1d as fla_conv
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    d, t, k = 10240, 2048, 4
+    (d, k), t = _conv_shape(), 2048
     x = torch.randn(1, t, d, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
     w = torch.randn(d, k, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
     ref = F.silu(F.conv1d(x.transpose(1, 2), w.unsqueeze(1), padding=k - 1, groups=d)[:, :, :t]).transpose(
@@ -75,6 +86,43 @@ def _conv_agreement(torch: Any) -> dict[str, float]:
         return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
 
     return {"out": rel(out, ref), "grad_x": rel(gx, gx_ref), "grad_w": rel(gw, gw_ref)}
+
+
+def conv_only(seq_len: int, batch: int, steps: int) -> dict[str, Any]:
+    """The short convolution alone, forward + backward at the model's width, each path timed with CUDA
+    events in this one process: what one Gated DeltaNet layer pays for it per step."""
+    import torch
+    import torch.nn.functional as F
+    from fla.modules.causal_conv1d import causal_conv1d as fla_conv
+
+    (d, k), gen = _conv_shape(), torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(batch, seq_len, d, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
+    w = torch.randn(d, k, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
+    g = torch.randn(batch, seq_len, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    def torch_path() -> Any:  # transformers' reference path, in the model's [B, D, T] layout
+        y = F.conv1d(x.transpose(1, 2), w.unsqueeze(1), padding=k - 1, groups=d)[:, :, :seq_len]
+        return F.silu(y).transpose(1, 2)
+
+    def fla_path() -> Any:
+        return fla_conv(x, w, None, activation="silu")[0]
+
+    out: dict[str, Any] = {"channels": d, "kernel": k, "seq_len": seq_len, "batch": batch}
+    out["gpu"] = torch.cuda.get_device_name(0)
+    for name, fn in (("torch", torch_path), ("fla", fla_path)):
+        for _ in range(3):
+            torch.autograd.grad(fn(), (x, w), g)
+        times = []
+        for _ in range(max(steps, 20)):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.autograd.grad(fn(), (x, w), g)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1000)
+        out[f"{name}_ms"] = round(statistics.median(times) * 1000, 3)
+    out["conv_rel_error"] = _conv_agreement(torch)
+    return out
 
 
 def measure(conv: str, layers: int, seq_len: int, batch: int, steps: int) -> dict[str, Any]:
@@ -200,8 +248,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="times each combination runs, interleaved")
     p.add_argument("--timeout", type=int, default=600, help="seconds for one combination")
     p.add_argument("--json", metavar="FILE")
+    p.add_argument(
+        "--conv-only",
+        action="store_true",
+        help="time the short convolution alone (forward + backward, both paths) in this process",
+    )
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.conv_only:
+        r = conv_only(args.seq_len, args.batch, args.steps)
+        print(json.dumps(r))
+        print(
+            f"short conv fwd+bwd at {r['channels']} channels x {r['seq_len']} tokens on {r['gpu']}: torch "
+            f"{r['torch_ms']} ms, FLA {r['fla_ms']} ms ({r['torch_ms'] / r['fla_ms']:.2f}x)"
+        )
+        if args.json:
+            Path(args.json).write_text(json.dumps(r, indent=2))
+        return 0
     if args.child:
         conv, layers, seq_len, batch, steps = args.child
         print(MARK + json.dumps(measure(conv, int(layers), int(seq_len), int(batch), int(steps))), flush=True)

@@ -85,13 +85,12 @@ def test_the_old_stack_is_provisioned_as_the_inventory_names_it(first_run: tuple
 
 @pytest.fixture
 def broken_profiles(tmp_path: Path) -> Path:
-    """A profiles folder holding 'broken-lock': the default profile locked for Python >= 3.14, which
-    the container's Python 3.11 cannot install (`uv sync --frozen` refuses it)."""
-    src = REPO / "profiles" / OLD
+    """A copy of profiles/ that also holds 'broken-lock': the old profile locked for Python >= 3.14, which
+    the container's Python 3.11 cannot install (`uv sync --frozen` refuses it). The shipped profiles and
+    the policy stay beside it: the policy's default must be one of the folder's profiles."""
+    shutil.copytree(REPO / "profiles", tmp_path / "profiles")
     dst = tmp_path / "profiles" / "broken-lock"
-    shutil.copytree(src, dst)
-    # The stack policy reads its rules beside the profiles.
-    shutil.copy(REPO / "profiles" / "policy.yml", dst.parent / "policy.yml")
+    shutil.copytree(REPO / "profiles" / OLD, dst)
     for name in ("pyproject.toml", "uv.lock"):
         text = (dst / name).read_text()
         text, n = re.subn(r"^requires-python = .*$", 'requires-python = ">=3.14"', text, count=1, flags=re.M)

@@ -350,6 +350,11 @@ def totals(judged: list[Judged]) -> dict[str, Any]:
     }
 
 
+def exit_code(t: dict[str, Any]) -> int:
+    """0 when no verdict is false-red and no fix is contradicted, else 1."""
+    return 1 if t["false-red"] or t["contradicted_fixes"] else 0
+
+
 def print_table(judged: list[Judged], seed: int) -> None:
     print(f"\n{'case':<44} {'verdict':<13} {'s':>5}  truth -> root causes")
     for j in judged:
@@ -392,8 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         lines = [ln for f in args.totals for ln in f.read_text().splitlines() if ln.strip()]
         judged = [Judged(**json.loads(ln)) for ln in lines]
         print_table(judged, args.seed)
-        t = totals(judged)
-        return 1 if t["false-red"] or t["contradicted_fixes"] else 0
+        return exit_code(totals(judged))
     cases = generate(args.seed, args.count, args.cpu)
     if args.only:
         first, _, last = args.only.partition(":")
@@ -436,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             "cases": [asdict(j) for j in judged],
         }
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
-    return 1 if t["false-red"] or t["contradicted_fixes"] else 0
+    return exit_code(t)
 
 
 if __name__ == "__main__":

@@ -65,62 +65,74 @@ def _conv_shape() -> tuple[int, int]:
     return 2 * keys + t["linear_num_value_heads"] * t["linear_value_head_dim"], t["linear_conv_kernel_dim"]
 
 
-def _conv_agreement(torch: Any) -> dict[str, float]:
-    """FLA's conv against F.conv1d at the model's conv width and kernel: output and gradients."""
-    import torch.nn.functional as F
-    from fla.modules.causal_conv1d import causal_conv1d as fla_conv
-
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    (d, k), t = _conv_shape(), 2048
-    x = torch.randn(1, t, d, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
-    w = torch.randn(d, k, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
-    ref = F.silu(F.conv1d(x.transpose(1, 2), w.unsqueeze(1), padding=k - 1, groups=d)[:, :, :t]).transpose(
-        1, 2
-    )
-    out, _ = fla_conv(x, w, None, activation="silu")
-    g = torch.randn_like(ref)
-    gx_ref, gw_ref = torch.autograd.grad(ref, (x, w), g)
-    gx, gw = torch.autograd.grad(out, (x, w), g)
-
-    def rel(a: Any, b: Any) -> float:
-        return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
-
-    return {"out": rel(out, ref), "grad_x": rel(gx, gx_ref), "grad_w": rel(gw, gw_ref)}
-
-
-def conv_only(seq_len: int, batch: int, steps: int) -> dict[str, Any]:
-    """The short convolution alone, forward + backward at the model's width, each path timed with CUDA
-    events in this one process: what one Gated DeltaNet layer pays for it per step."""
-    import torch
+def _conv_paths(torch: Any, batch: int, seq_len: int) -> tuple[Any, Any, Any, Any]:
+    """Random input and weight at the model's conv width and kernel (requiring grad), and the two paths
+    over them: transformers' reference (F.conv1d + SiLU, in the model's [B, D, T] layout) and FLA's kernel."""
     import torch.nn.functional as F
     from fla.modules.causal_conv1d import causal_conv1d as fla_conv
 
     (d, k), gen = _conv_shape(), torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(batch, seq_len, d, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
     w = torch.randn(d, k, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
-    g = torch.randn(batch, seq_len, d, device="cuda", dtype=torch.bfloat16, generator=gen)
 
-    def torch_path() -> Any:  # transformers' reference path, in the model's [B, D, T] layout
+    def torch_path() -> Any:
         y = F.conv1d(x.transpose(1, 2), w.unsqueeze(1), padding=k - 1, groups=d)[:, :, :seq_len]
         return F.silu(y).transpose(1, 2)
 
     def fla_path() -> Any:
         return fla_conv(x, w, None, activation="silu")[0]
 
+    return x, w, torch_path, fla_path
+
+
+def _conv_agreement(torch: Any) -> dict[str, float]:
+    """FLA's conv against the torch path at the model's conv width and kernel: output and gradients."""
+    x, w, torch_path, fla_path = _conv_paths(torch, 1, 2048)
+    ref, out = torch_path(), fla_path()
+    g = torch.randn_like(ref)
+    gx_ref, gw_ref = torch.autograd.grad(ref, (x, w), g)
+    gx, gw = torch.autograd.grad(out, (x, w), g)
+
+    def rel(a: Any, b: Any) -> float:
+        a, b = a.detach().float(), b.detach().float()
+        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-6))
+
+    return {"out": rel(out, ref), "grad_x": rel(gx, gx_ref), "grad_w": rel(gw, gw_ref)}
+
+
+def _cuda_seconds(torch: Any, fn: Any, runs: int, after: Any = None) -> list[float]:
+    """`fn` timed `runs` times with CUDA events; `after` (untimed) runs after each."""
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        if after is not None:
+            after()
+        times.append(start.elapsed_time(end) / 1000)
+    return times
+
+
+def conv_only(seq_len: int, batch: int, steps: int) -> dict[str, Any]:
+    """The short convolution alone, forward + backward at the model's width, each path timed with CUDA
+    events in this one process: what one Gated DeltaNet layer pays for it per step."""
+    import torch
+
+    x, w, torch_path, fla_path = _conv_paths(torch, batch, seq_len)
+    g = torch.randn_like(x)
+    d, k = _conv_shape()
     out: dict[str, Any] = {"channels": d, "kernel": k, "seq_len": seq_len, "batch": batch}
     out["gpu"] = torch.cuda.get_device_name(0)
-    for name, fn in (("torch", torch_path), ("fla", fla_path)):
+    for name, path in (("torch", torch_path), ("fla", fla_path)):
+
+        def fwd_bwd(path: Any = path) -> None:
+            torch.autograd.grad(path(), (x, w), g)
+
         for _ in range(3):
-            torch.autograd.grad(fn(), (x, w), g)
-        times = []
-        for _ in range(max(steps, 20)):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.autograd.grad(fn(), (x, w), g)
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1000)
-        out[f"{name}_ms"] = round(statistics.median(times) * 1000, 3)
+            fwd_bwd()
+        out[f"{name}_ms"] = round(statistics.median(_cuda_seconds(torch, fwd_bwd, max(steps, 20))) * 1000, 3)
     out["conv_rel_error"] = _conv_agreement(torch)
     return out
 
@@ -132,11 +144,10 @@ def measure(conv: str, layers: int, seq_len: int, batch: int, steps: int) -> dic
 
     sys.path.insert(0, str(WORKERS))
     from mlstack_doctor.cache.warm import warm_config
-    from w_model import _build, _flops_per_token, _ids, _matmul_peak, _train_step
+    from w_model import _build, _config, _count_params, _flops_per_token, _ids, _matmul_peak, _train_step
 
     if conv == "fla":
-        _fla_conv_package()
-    import transformers
+        _fla_conv_package()  # before transformers' model code is imported
 
     out: dict[str, Any] = {
         "conv": conv,
@@ -152,14 +163,9 @@ def measure(conv: str, layers: int, seq_len: int, batch: int, steps: int) -> dic
         except md.PackageNotFoundError:
             out["versions"][dist] = None
     raw = json.loads(CONFIG.read_text())
-    full = warm_config(raw, 0)
-    part = warm_config(raw, layers)
-    cfg = transformers.AutoConfig.for_model(
-        part["model_type"], **{k: v for k, v in part.items() if k != "model_type"}
-    )
-    full_cfg = transformers.AutoConfig.for_model(
-        full["model_type"], **{k: v for k, v in full.items() if k != "model_type"}
-    )
+    transformers, cfg = _config({"config_dict": warm_config(raw, layers)})
+    _, full_cfg = _config({"config_dict": warm_config(raw, 0)})
+    full_params, full_embed, _ = _count_params(torch, transformers, full_cfg)
     out["matmul_peak_tflops"] = round(_matmul_peak(torch), 1)
     if conv == "fla":
         out["conv_rel_error"] = _conv_agreement(torch)
@@ -174,15 +180,9 @@ def measure(conv: str, layers: int, seq_len: int, batch: int, steps: int) -> dic
         model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     out["warmup_s"] = round(time.perf_counter() - t0, 1)
-    times = []
-    for _ in range(steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        _train_step(model, ids)
-        end.record()
-        torch.cuda.synchronize()
-        model.zero_grad(set_to_none=True)
-        times.append(start.elapsed_time(end) / 1000)
+    times = _cuda_seconds(
+        torch, lambda: _train_step(model, ids), steps, after=lambda: model.zero_grad(set_to_none=True)
+    )
     step = statistics.median(times)
     tokens = batch * seq_len
     # a training step: forward + backward = 3 forwards' matmul work
@@ -197,19 +197,11 @@ def measure(conv: str, layers: int, seq_len: int, batch: int, steps: int) -> dic
             "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
             "fla_in_use": "fla.ops.gated_delta_rule" in sys.modules,
             # the full model's work per step, for the 64-layer estimate's MFU
-            "full_flops_per_step": 3
-            * _flops_per_token(full_cfg, _dense_params(torch, transformers, full_cfg), seq_len)
-            * tokens,
+            "full_flops_per_step": 3 * _flops_per_token(full_cfg, full_params - full_embed, seq_len) * tokens,
             "full_layers": int(full_cfg.num_hidden_layers),
         }
     )
     return out
-
-
-def _dense_params(torch: Any, transformers: Any, cfg: Any) -> int:
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg)
-    return sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
 
 
 # --- the side-by-side run ---------------------------------------------------------------------------

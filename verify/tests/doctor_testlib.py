@@ -65,11 +65,13 @@ def run_doctor(
     env: dict[str, str] | None = None,
     timeout: float = 240,
     preexec: Callable[[], None] | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> DoctorRun:
     """`python -m mlstack_doctor --json --quiet ARGS` for real; the JSON is schema-validated. `preexec`
-    runs in the doctor's process before it starts (a resource limit set there)."""
+    runs in the doctor's process before it starts (a resource limit set there); `prefix` is a command the
+    doctor's argv is given to (a mount namespace of its own, say)."""
     proc = subprocess.run(
-        [python, "-m", "mlstack_doctor", "--json", "--quiet", *args],
+        [*prefix, python, "-m", "mlstack_doctor", "--json", "--quiet", *args],
         capture_output=True,
         text=True,
         env=env if env is not None else doctor_env(),

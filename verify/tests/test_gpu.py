@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -12,7 +10,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from doctor_testlib import run_doctor
+from doctor_testlib import DoctorRun, run_doctor
 
 pytestmark = pytest.mark.gpu
 
@@ -69,27 +67,22 @@ def _fresh_cache(tmp_path: Path) -> dict[str, str]:
     return doctor_env({"TRITON_CACHE_DIR": str(cache)})
 
 
-def _hidden_headers(only: str, env: dict[str, str]) -> dict:
-    """The doctor's report with Python.h hidden: an empty tmpfs over the interpreter's include folder, in a
+def _hidden_headers(only: str, env: dict[str, str]) -> DoctorRun:
+    """The doctor's run with Python.h hidden: an empty tmpfs over the interpreter's include folder, in a
     mount namespace of the doctor's own."""
     include = sysconfig.get_paths()["include"]
     assert Path(include, "Python.h").is_file(), include
-    argv = [sys.executable, "-m", "mlstack_doctor", "--json", "--quiet", "--only", only]
-    script = f"mount -t tmpfs none {shlex.quote(include)} && exec " + " ".join(map(shlex.quote, argv))
-    proc = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-        capture_output=True,
-        text=True,
+    hide = 'mount -t tmpfs none "$0" && exec "$@"'
+    run = run_doctor(
+        "--only",
+        only,
         env=env,
         timeout=600,
+        prefix=("unshare", "-m", "--propagation", "private", "sh", "-c", hide, include),
     )
     assert Path(include, "Python.h").is_file(), "the mount leaked out of the doctor's namespace"
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    from doctor_testlib import validate
-
-    report = json.loads(proc.stdout)
-    validate(report)
-    return report
+    assert run.rc == 1, run.stderr[-2000:]
+    return run
 
 
 @requires_gpu
@@ -102,15 +95,15 @@ def test_no_python_h_at_triton_target(tmp_path: Path) -> None:
         pytest.skip("needs root: the headers are hidden by a mount")
     env = _fresh_cache(tmp_path)
     alone = _hidden_headers("nvidia_driver,torch_cuda,triton_target", env)
-    probe = next(p for p in alone["probes"] if p["name"] == "triton_target")
+    probe = alone.probe("triton_target")
     assert (probe["status"], probe["code"]) == ("fail", "NO_PYTHON_H"), probe
     assert "-dev" in probe["fix"], probe
     shutil.rmtree(env["TRITON_CACHE_DIR"])
     Path(env["TRITON_CACHE_DIR"]).mkdir()
     whole = _hidden_headers("python_headers,c_extension_build,nvidia_driver,torch_cuda,triton_target", env)
-    root = whole["summary"]["root_cause"]
-    assert (root["probe"], root["code"]) == ("python_headers", "NO_PYTHON_H"), whole["summary"]
-    assert all(p["status"] != "pass" for p in whole["probes"] if p["name"] == "triton_target")
+    root = whole.root or {}
+    assert (root.get("probe"), root.get("code")) == ("python_headers", "NO_PYTHON_H"), whole.report["summary"]
+    assert all(p["status"] != "pass" for p in whole.report["probes"] if p["name"] == "triton_target")
 
 
 FLA_SITE = os.environ.get("MLSTACK_TEST_FLA051_SITE", "")

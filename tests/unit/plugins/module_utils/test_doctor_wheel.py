@@ -81,8 +81,9 @@ def test_a_failed_build_says_what_uv_said(tmp_path: Path) -> None:
         doctor_wheel.ensure_wheel("/uv", str(sources(tmp_path)), str(tmp_path / "dist"), Builder(rc=2))
 
 
-def test_the_action_returns_the_wheel_and_names_a_missing_uv(tmp_path: Path) -> None:
-    src, dist = sources(tmp_path), tmp_path / "dist"
+def built_before(tmp_path: Path, src: Path, dist: Path) -> Path:
+    """profiles/ beside the sources, their shipped_profiles.json written, and a wheel already built from
+    exactly these sources (its stamp matches them). Returns the shipped_profiles.json."""
     shutil.copytree(ROOT / "profiles", tmp_path / "profiles")
     shipped = src / "src" / "mlstack_doctor" / "shipped_profiles.json"
     shipped.parent.mkdir()
@@ -90,6 +91,12 @@ def test_the_action_returns_the_wheel_and_names_a_missing_uv(tmp_path: Path) -> 
     dist.mkdir()
     (dist / "mlstack_doctor-0.3.1-py3-none-any.whl").write_bytes(b"built before")
     (dist / doctor_wheel.STAMP).write_text(doctor_wheel.source_sha1(str(src)) + "\n")
+    return shipped
+
+
+def test_the_action_returns_the_wheel_and_names_a_missing_uv(tmp_path: Path) -> None:
+    src, dist = sources(tmp_path), tmp_path / "dist"
+    built_before(tmp_path, src, dist)
     # The sources match the stamp: nothing is built, so uv is never run (/bin/false would fail).
     found = run_module(
         "mlstack.pve.doctor_wheel", {"uv": "/bin/false", "src": str(src), "dist_dir": str(dist)}
@@ -109,13 +116,7 @@ def test_the_action_writes_the_shipped_profiles_first_so_a_changed_rule_builds_a
     args = {"uv": "/bin/false", "src": str(src), "dist_dir": str(dist)}
     missing = run_module("mlstack.pve.doctor_wheel", args)
     assert missing["failed"] and "there is no such folder" in missing["msg"], missing
-    shutil.copytree(ROOT / "profiles", tmp_path / "profiles")
-    shipped = src / "src" / "mlstack_doctor" / "shipped_profiles.json"
-    shipped.parent.mkdir()
-    stack_policy.write_shipped(str(tmp_path / "profiles"), str(shipped), STACK)
-    dist.mkdir()
-    (dist / "mlstack_doctor-0.3.1-py3-none-any.whl").write_bytes(b"built before")
-    (dist / doctor_wheel.STAMP).write_text(doctor_wheel.source_sha1(str(src)) + "\n")
+    shipped = built_before(tmp_path, src, dist)
     assert not run_module("mlstack.pve.doctor_wheel", args).get("failed")
     policy = tmp_path / "profiles" / "policy.yml"
     policy.write_text(policy.read_text().replace("open (outside Triton's supported hardware)", "still open"))

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -47,9 +46,7 @@ def trap_site(root: Path, marker: Path, stack: dict[str, tuple[str, list[str]]])
     return site
 
 
-def run_fast(
-    tmp_path: Path, stack: dict[str, tuple[str, list[str]]], *args: str
-) -> tuple[int, dict, Path, float]:
+def run_fast(tmp_path: Path, stack: dict[str, tuple[str, list[str]]], *args: str) -> tuple[int, dict, Path]:
     marker = tmp_path / "imported.txt"
     site = trap_site(tmp_path, marker, stack)
     env = dict(
@@ -59,7 +56,6 @@ def run_fast(
         MLSTACK_DOCTOR_SETTINGS="",
     )
     out = tmp_path / "report.json"
-    t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "mlstack_doctor", "--tier", "fast", "--quiet", "--output", str(out), *args],
         env=env,
@@ -67,9 +63,8 @@ def run_fast(
         text=True,
         timeout=60,
     )
-    wall = time.perf_counter() - t0
     assert out.is_file(), proc.stderr[-2000:]
-    return proc.returncode, json.loads(out.read_text()), marker, wall
+    return proc.returncode, json.loads(out.read_text()), marker
 
 
 def by_name(report: dict) -> dict[str, dict]:
@@ -77,7 +72,7 @@ def by_name(report: dict) -> dict[str, dict]:
 
 
 def test_fast_tier_never_imports_the_stack_and_reads_metadata(tmp_path: Path) -> None:
-    rc, report, marker, wall = run_fast(tmp_path, STACK, "--no-gpu")
+    rc, report, marker = run_fast(tmp_path, STACK, "--no-gpu")
     assert not marker.exists(), f"imported: {marker.read_text()}"
     validate(report)
     assert report["tier"] == "fast"
@@ -88,14 +83,14 @@ def test_fast_tier_never_imports_the_stack_and_reads_metadata(tmp_path: Path) ->
     pin = probes["torch_triton_pin"]
     assert pin["status"] == "pass" and pin["evidence"]["torch_pins_triton"] == "3.6.0", pin
     assert probes["c_extension_build"]["status"] == "pass", probes["c_extension_build"]
+    # Its speed is bench/bench_tiers.py's to print (fast against quick, one run), not a timed assertion here.
     assert rc == 0, report["summary"]
-    assert wall < 3.0, f"fast tier took {wall:.2f} s"
 
 
 def test_fast_tier_sees_an_undeclared_pin_override_from_metadata(tmp_path: Path) -> None:
     # transformers 5.16: a stack no shipped profile holds (torch211-triton37 declares triton 3.7.1).
     stack = dict(STACK, triton=("3.7.1", []), transformers=("5.16.0", []))
-    _, report, marker, _ = run_fast(tmp_path, stack, "--no-gpu")
+    _, report, marker = run_fast(tmp_path, stack, "--no-gpu")
     assert not marker.exists(), f"imported: {marker.read_text()}"
     pin = by_name(report)["torch_triton_pin"]
     assert pin["code"] == "TRITON_PIN_OVERRIDDEN", pin
@@ -104,7 +99,7 @@ def test_fast_tier_sees_an_undeclared_pin_override_from_metadata(tmp_path: Path)
 def test_fast_tier_expecting_a_gpu_asks_nvml_without_the_stack(tmp_path: Path) -> None:
     # The driver probe runs its NVML worker (ctypes) under the same trap; on a machine without a GPU it
     # fails with a driver code, never by importing torch.
-    _, report, marker, _ = run_fast(tmp_path, STACK)
+    _, report, marker = run_fast(tmp_path, STACK)
     assert not marker.exists(), f"imported: {marker.read_text()}"
     driver = by_name(report)["nvidia_driver"]
     assert driver["status"] != "skip" or driver.get("skipped_by") == "nvidia_device_nodes", driver

@@ -115,6 +115,36 @@ def test_read_only_home_fix_is_a_folder_the_doctor_wrote(tmp_path: Path) -> None
 
 
 @needs_mounts
+def test_a_read_only_inductor_cache_is_named_before_any_compile(tmp_path: Path) -> None:
+    """TORCHINDUCTOR_CACHE_DIR on a read-only mount fails every torch.compile: process_env names it from the
+    environment alone, so a fault that stops the GPU probes first (an address-space limit) cannot hide it."""
+    cache = tmp_path / "inductor"
+    cache.mkdir()
+    env = doctor_env({"TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    run = doctor("--no-gpu", "--only", "process_env", env=env, mounts=(("ro", cache),))
+    p = run.probe("process_env")
+    assert run.rc == 1 and p["status"] == "fail" and p["code"] == "ENV_SETTING_INVALID", p
+    assert "TORCHINDUCTOR_CACHE_DIR" in p["summary"] and "read-only mount" in p["summary"], p["summary"]
+    assert "TORCHINDUCTOR_CACHE_DIR" in p["fix"], p["fix"]
+    # Writable, it is no finding: the same run without the mount passes.
+    assert doctor("--no-gpu", "--only", "process_env", env=env).probe("process_env")["status"] == "pass"
+
+
+@needs_mounts
+def test_each_finding_of_the_environment_gets_its_fix(tmp_path: Path) -> None:
+    """Two settings that each break the stack, found by one probe: the root cause's fix mends both, so the
+    next run does not fail on the one left out."""
+    cache = tmp_path / "inductor"
+    cache.mkdir()
+    env = doctor_env({"TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_PTXAS_PATH": "/nonexistent/ptxas"})
+    run = doctor("--no-gpu", "--only", "process_env", env=env, mounts=(("ro", cache),))
+    roots = run.report["summary"]["root_causes"]
+    assert [r["probe"] for r in roots] == ["process_env"], roots
+    fix = roots[0]["fix"]
+    assert "TORCHINDUCTOR_CACHE_DIR" in fix and "TRITON_PTXAS_PATH" in fix, fix
+
+
+@needs_mounts
 @pytest.mark.parametrize(
     "opts,code",
     [("noexec", "TRITON_CACHE_NOEXEC"), ("size=16k", "TRITON_CACHE_FULL")],

@@ -35,6 +35,9 @@ MUST_EXIST = (
     "TRITON_HOME",
 )
 MADE_ON_USE = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR")
+# Of those, the caches the stack writes on every compile, checked here for writing: an existing folder the
+# process cannot write fails every torch.compile (Triton's own cache: the triton_cache_dir probe writes it).
+WRITTEN_ON_USE = ("TORCHINDUCTOR_CACHE_DIR",)
 INT_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
 ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 # Names getpass.getuser() reads before it asks the passwd database.
@@ -318,6 +321,8 @@ def variable_problems(env: dict[str, str] | None = None) -> dict[str, str]:
         value = env.get(name)
         if value and not os.path.exists(value) and not _creatable(value):
             out[name] = f"{value} does not exist and cannot be created (no writable parent)"
+        elif value and name in WRITTEN_ON_USE and os.path.isdir(value) and not _writable(value):
+            out[name] = f"{value} exists but this process cannot write there ({_why_unwritable(value)})"
     for name in INT_VARS:
         if env.get(name) and not re.fullmatch(r"\d+(,\d+)*", env[name].strip()):
             out[name] = f"{env[name]!r} is not a number (the library ignores it or refuses to start)"
@@ -331,6 +336,18 @@ def missing_library_dirs(env: dict[str, str] | None = None) -> list[str]:
     """LD_LIBRARY_PATH entries that do not exist (evidence only: the loader skips them)."""
     env = os.environ if env is None else env
     return [d for d in (env.get("LD_LIBRARY_PATH") or "").split(":") if d and not os.path.isdir(d)]
+
+
+def _writable(path: str) -> bool:
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def _why_unwritable(path: str) -> str:
+    """A read-only mount, or the folder's owner and mode (os.access answers EROFS and permissions)."""
+    if os.statvfs(path).f_flag & os.ST_RDONLY:
+        return "a read-only mount"
+    st = os.stat(path)
+    return f"owner uid {st.st_uid}, mode {st.st_mode & 0o7777:o}, this process uid {os.getuid()}"
 
 
 def _creatable(path: str) -> bool:

@@ -191,7 +191,11 @@ def variable_findings(ctx: Context, ev: dict[str, Any]) -> list[Finding]:
         by_hook = var in changed
         source = f"set by {setting(var)}" if by_hook else "set in the environment"
         # A setting torch refuses at CUDA init fails; one a loader or library ignores only warns.
-        fatal = code == "ALLOC_CONF_INVALID" or var in ("TRITON_LIBCUDA_PATH", "TRITON_PTXAS_PATH")
+        fatal = (
+            code == "ALLOC_CONF_INVALID"
+            or var in ("TRITON_LIBCUDA_PATH", "TRITON_PTXAS_PATH")
+            or var in procenv.WRITTEN_ON_USE
+        )
         status = Status.FAIL if fatal else Status.WARN
         fix = fix_for(code, var=var, why=why, where=setting(var) if by_hook else "the environment")
         markers = [var] + (
@@ -250,6 +254,9 @@ def process_env(ctx: Context) -> Result:
     top = bad[0]
     ev["explains"] = sorted({m for f in bad for m in f.markers})
     summary = "; ".join(f.what for f in bad)
+    # Independent findings each need their fix: one left out is the next run's failure.
+    fixes = list(dict.fromkeys(f.fix for f in bad if f.fix))
+    fix = fixes[0] if len(fixes) == 1 else "; and ".join(f"({i}) {x}" for i, x in enumerate(fixes, 1))
     if top.status is Status.FAIL:
-        return failed(NAME, STAGE, summary, top.code, top.fix, **ev)
-    return warned(NAME, STAGE, summary, top.code, top.fix, **ev)
+        return failed(NAME, STAGE, summary, top.code, fix, **ev)
+    return warned(NAME, STAGE, summary, top.code, fix, **ev)

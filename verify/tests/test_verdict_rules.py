@@ -130,6 +130,20 @@ def test_a_read_only_inductor_cache_is_named_before_any_compile(tmp_path: Path) 
     assert doctor("--no-gpu", "--only", "process_env", env=env).probe("process_env")["status"] == "pass"
 
 
+def test_a_cache_folder_nobody_can_make_is_named_from_the_environment(tmp_path: Path) -> None:
+    """TORCHINDUCTOR_CACHE_DIR under /proc: access() tells root it may write /proc, mkdir there still fails.
+    process_env names it (a real mkdir), where a GPU fault first would otherwise leave it to an experiment;
+    a folder it can make is left as it found it."""
+    env = doctor_env({"TORCHINDUCTOR_CACHE_DIR": "/proc/mlstack-test-inductor-cache"})
+    p = doctor("--no-gpu", "--only", "process_env", env=env).probe("process_env")
+    assert p["status"] == "fail" and p["code"] == "ENV_SETTING_INVALID", p
+    assert "/proc/mlstack-test-inductor-cache" in p["summary"] and "cannot be created" in p["summary"], p
+    made = tmp_path / "new" / "inductor"
+    env = doctor_env({"TORCHINDUCTOR_CACHE_DIR": str(made)})
+    assert doctor("--no-gpu", "--only", "process_env", env=env).probe("process_env")["status"] == "pass"
+    assert not (tmp_path / "new").exists()
+
+
 @needs_mounts
 def test_each_finding_of_the_environment_gets_its_fix(tmp_path: Path) -> None:
     """Two settings that each break the stack, found by one probe: the root cause's fix mends both, so the

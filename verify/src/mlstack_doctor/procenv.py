@@ -9,6 +9,7 @@ looks like a secret is redacted (`redact`).
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import pwd
@@ -351,13 +352,23 @@ def _why_unwritable(path: str) -> str:
 
 
 def _creatable(path: str) -> bool:
-    p = os.path.abspath(path)
+    """Whether the folder can be made: its first missing component is made and removed again (os.access
+    says yes to root under /proc or sysfs, where mkdir still fails)."""
+    p = first_missing = os.path.abspath(path)
     while not os.path.exists(p):
         parent = os.path.dirname(p)
         if parent == p:
             return False
-        p = parent
-    return os.path.isdir(p) and os.access(p, os.W_OK | os.X_OK)
+        first_missing, p = p, parent
+    if not (os.path.isdir(p) and os.access(p, os.W_OK | os.X_OK)):
+        return False
+    try:
+        os.mkdir(first_missing)
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):
+        os.rmdir(first_missing)
+    return True
 
 
 def stub_libcuda(env: dict[str, str] | None = None) -> str | None:

@@ -70,9 +70,9 @@ test: venv host-packages
 # ansible-core 2.21 where .venv holds 2.19 (Debian 12: in a Debian trixie controller container, since 2.21
 # needs Python >= 3.12), ansible-core 2.19 where .venv holds 2.21 (a venv .venv-core219); testbed/README.md.
 # `make test` runs the lifecycle (create, rerun with changed=0, verify, destroy), API tokens and bad input
-# there, within CI's time, as its steps <stack>-controller and <stack>-<file> (tests/lanes.py); the whole
-# provisioning suite: make test-other-stack OTHER_STACK_TESTS="tests/provision --deselect
-# tests/provision/test_readme_commands.py" (README's own commands run .venv's Ansible only).
+# there, within CI's time, as its steps <stack>-controller and <stack>-<file> (tests/lanes.py); the rest of
+# the provisioning suite: the command in docs/tests.md (README's own commands run .venv's Ansible only, and
+# four files change the node from where pytest runs, which the controller container cannot).
 OTHER_STACK_TESTS ?= tests/provision/test_lifecycle.py tests/provision/test_api_token.py tests/provision/test_bad_input.py
 test-other-stack: testbed
 	testbed/testbed controller up

@@ -4,7 +4,11 @@
 # (or ROWS=a,b), its table and JSON under $OUT.  Usage: OUT=dir WHEELS=dir sh verify/bench/h200_matrix.sh
 set -eu
 : "${OUT:?}" "${WHEELS:=.wheels}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl
+# No wheels there: the stack already in /tmp/site (faultgen_gpu.sh's setup) or the machine's own.
+if ls "$WHEELS"/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$WHEELS"/*.whl
+fi
 export PYTHONPATH=/tmp/site:$PWD/verify/src PYTHONUNBUFFERED=1
 { nvidia-smi -L; python3 -c 'import importlib.metadata as m
 for d in ("torch", "triton", "flash-linear-attention", "fla-core", "transformers"): print(d, m.version(d))'

@@ -36,8 +36,8 @@ MUST_EXIST = (
     "TRITON_HOME",
 )
 MADE_ON_USE = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR")
-# Of those, the caches the stack writes on every compile, checked here for writing: an existing folder the
-# process cannot write fails every torch.compile (Triton's own cache: the triton_cache_dir probe writes it).
+# Of those, the caches the stack writes on every compile: an existing folder the process cannot write fails
+# every torch.compile. process_env writes there (Triton's own cache: the triton_cache_dir probe does).
 WRITTEN_ON_USE = ("TORCHINDUCTOR_CACHE_DIR",)
 INT_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
 ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
@@ -322,8 +322,6 @@ def variable_problems(env: dict[str, str] | None = None) -> dict[str, str]:
         value = env.get(name)
         if value and not os.path.exists(value) and not _creatable(value):
             out[name] = f"{value} does not exist and cannot be created (no writable parent)"
-        elif value and name in WRITTEN_ON_USE and os.path.isdir(value) and not _writable(value):
-            out[name] = f"{value} exists but this process cannot write there ({_why_unwritable(value)})"
     for name in INT_VARS:
         if env.get(name) and not re.fullmatch(r"\d+(,\d+)*", env[name].strip()):
             out[name] = f"{env[name]!r} is not a number (the library ignores it or refuses to start)"
@@ -339,18 +337,6 @@ def missing_library_dirs(env: dict[str, str] | None = None) -> list[str]:
     return [d for d in (env.get("LD_LIBRARY_PATH") or "").split(":") if d and not os.path.isdir(d)]
 
 
-def _writable(path: str) -> bool:
-    return os.access(path, os.W_OK | os.X_OK)
-
-
-def _why_unwritable(path: str) -> str:
-    """A read-only mount, or the folder's owner and mode (os.access answers EROFS and permissions)."""
-    if os.statvfs(path).f_flag & os.ST_RDONLY:
-        return "a read-only mount"
-    st = os.stat(path)
-    return f"owner uid {st.st_uid}, mode {st.st_mode & 0o7777:o}, this process uid {os.getuid()}"
-
-
 def _creatable(path: str) -> bool:
     """Whether the folder can be made: its first missing component is made and removed again (os.access
     says yes to root under /proc or sysfs, where mkdir still fails)."""
@@ -360,7 +346,7 @@ def _creatable(path: str) -> bool:
         if parent == p:
             return False
         first_missing, p = p, parent
-    if not (os.path.isdir(p) and os.access(p, os.W_OK | os.X_OK)):
+    if not os.path.isdir(p):
         return False
     try:
         os.mkdir(first_missing)

@@ -282,9 +282,6 @@ def torch_triton_pin(ctx: Context) -> Result:
     )
 
 
-# What transformers' torch path for the short convolution costs, measured (docs/benchmarks.md, "The short
-# convolution"): `python3 verify/bench/train_speed.py --conv-only` on an H100 80GB, torch 2.11, FLA 0.6.0,
-# forward + backward at the 27B config's 8192 channels x 4096 tokens; the 27B model has 48 such layers.
 # Measured on an H100 80GB (docs/benchmarks.md): the short convolution alone, forward + backward per Gated
 # DeltaNet layer at 4096 tokens (train_speed.py --conv-only), and the 27B training step with each path
 # (train_speed.py: 64 layers estimated from 4 and 8 measured, default profile).

@@ -9,12 +9,14 @@ folder), so the summary lists that failure as a consequence instead of a cause o
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlstack_doctor import procenv
 from mlstack_doctor.context import Context
 from mlstack_doctor.diagnosis import fix_for
+from mlstack_doctor.probes.toolchain import try_dir
 from mlstack_doctor.record import Result, Stage, Status, failed, passed, warned
 
 NAME, STAGE = "process_env", Stage.HOST
@@ -159,6 +161,13 @@ def identity_findings(ident: dict[str, Any]) -> list[Finding]:
 def variable_findings(ctx: Context, ev: dict[str, Any]) -> list[Finding]:
     out: list[Finding] = []
     problems = procenv.variable_problems()
+    for var in procenv.WRITTEN_ON_USE:
+        value = os.environ.get(var)
+        if value and var not in problems and os.path.isdir(value):
+            # A real write, as the stack makes (access() answers root "yes" where writes still fail).
+            code, why = try_dir(ctx.facts, value, create=False)
+            if code is not None:
+                problems[var] = f"{value} exists but cannot take a kernel: {why}"
     ev["variable_problems"] = problems
     ev["ld_library_path_missing"] = procenv.missing_library_dirs()
     changed = procenv.changed_at_start()
